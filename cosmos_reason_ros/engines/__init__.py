@@ -1,0 +1,1 @@
+"""Inference backends behind one small async interface (``base.Engine``)."""

@@ -1,0 +1,72 @@
+"""The one interface every inference backend implements.
+
+Engines are asyncio objects: all their coroutines run on one event loop that the engine's
+owner (``runner.EngineRunner``) keeps in a dedicated thread. ROS callbacks never call these
+coroutines directly; they go through the runner's thread-safe methods.
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from cosmos_reason_ros.core.types import ChatRequest, Chunk
+
+
+class EngineState(str, enum.Enum):
+    """Lifecycle of an engine, as reported in diagnostics."""
+
+    STOPPED = "stopped"
+    STARTING = "starting"
+    READY = "ready"
+    DEGRADED = "degraded"  # serving, but some endpoints are down
+    UNAVAILABLE = "unavailable"  # cannot serve now (server down, engine dead)
+    CLOSED = "closed"
+
+
+@dataclass(frozen=True)
+class EngineHealth:
+    """A snapshot for diagnostics and goal admission."""
+
+    state: EngineState
+    model: str
+    running_requests: int = 0
+    detail: str = ""
+
+
+class Engine(abc.ABC):
+    """Async inference backend.
+
+    ``stream`` yields ``Chunk``s until one carries a ``finish_reason``; it raises a
+    ``CosmosReasonError`` subclass (``EngineUnavailableError``, ``EngineError``,
+    ``PromptTooLongError``, ``BadRequestError``, ``DeadlineExceededError``) on failure.
+    Closing the async generator early (or cancelling the task consuming it) must abort the
+    request in the backend, so that no request is left running.
+    """
+
+    @property
+    @abc.abstractmethod
+    def model_name(self) -> str:
+        """The served model's name as reported in results."""
+
+    @abc.abstractmethod
+    async def start(self) -> None:
+        """Load or connect, then warm up; raise ``EngineUnavailableError`` if impossible."""
+
+    @abc.abstractmethod
+    def stream(self, request: ChatRequest) -> AsyncIterator[Chunk]:
+        """Generate for one request, streaming chunks."""
+
+    @abc.abstractmethod
+    async def abort(self, request_id: str) -> None:
+        """Stop a running request; unknown or finished ids are ignored."""
+
+    @abc.abstractmethod
+    async def health(self) -> EngineHealth:
+        """Return the current state; never raises."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Abort everything and release the backend; idempotent."""

@@ -1,0 +1,1 @@
+"""Thin ROS 2 glue: the node, message conversion."""

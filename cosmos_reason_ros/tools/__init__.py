@@ -1,0 +1,1 @@
+"""Console entry points: node, query, replay, bench, demo, tiny model builder."""

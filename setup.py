@@ -1,0 +1,28 @@
+from glob import glob
+
+from setuptools import find_packages, setup
+
+package_name = "cosmos_reason_ros"
+
+setup(
+    name=package_name,
+    version="0.1.0",
+    packages=find_packages(exclude=["test", "test.*"]),
+    data_files=[
+        ("share/ament_index/resource_index/packages", [f"resource/{package_name}"]),
+        (f"share/{package_name}", ["package.xml"]),
+        (f"share/{package_name}/launch", glob("launch/*.launch.py")),
+        (f"share/{package_name}/config", glob("config/*.yaml")),
+    ],
+    install_requires=["setuptools"],
+    zip_safe=True,
+    maintainer="cosmos_reason_ros maintainers",
+    maintainer_email="maintainers@cosmos-reason-ros.dev",
+    description="Visual reasoning for ROS 2 robots with NVIDIA Cosmos-Reason on vLLM.",
+    license="Apache-2.0",
+    entry_points={
+        "console_scripts": [
+            "tiny_model = cosmos_reason_ros.tools.tiny_model:main",
+        ],
+    },
+)

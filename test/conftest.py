@@ -1,0 +1,69 @@
+"""Test-wide isolation: ROS domain, DDS on loopback, vLLM on the CPU, cached tiny models.
+
+Everything here runs before any test module imports rclpy or vllm, so environment variables
+set at import time take effect in this process and in every child process it starts.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+if str(REPO_ROOT) not in sys.path:  # the source tree, not an installed copy, is under test
+    sys.path.insert(0, str(REPO_ROOT))
+
+# A fresh DDS domain per test run keeps parallel runs (and a robot on the same LAN) apart;
+# LOCALHOST keeps discovery on loopback. Jazzy must not also get ROS_LOCALHOST_ONLY.
+os.environ.setdefault("ROS_DOMAIN_ID", str(random.Random(os.getpid()).randint(1, 100)))
+os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
+os.environ.pop("ROS_LOCALHOST_ONLY", None)
+# vLLM on the CPU: bounded KV cache, no hub, no telemetry, in-process engine core (2-3 s start).
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_vl() -> Path:
+    """A cached tiny random-weight Qwen3-VL checkpoint (Cosmos-Reason2's architecture)."""
+    from cosmos_reason_ros.tools.tiny_model import ensure_tiny_model
+
+    return ensure_tiny_model("qwen3_vl")
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2_5_vl() -> Path:
+    """A cached tiny random-weight Qwen2.5-VL checkpoint (Cosmos-Reason1's architecture)."""
+    from cosmos_reason_ros.tools.tiny_model import ensure_tiny_model
+
+    return ensure_tiny_model("qwen2_5_vl")
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Remove Fast DDS shared-memory files that killed processes leave behind."""
+    try:
+        subprocess.run(["fastdds", "shm", "clean"], capture_output=True, timeout=20, check=False)
+    except (OSError, subprocess.SubprocessError):
+        pass  # fastdds tool absent (no ROS in this venv): nothing to clean
+
+
+@pytest.fixture
+def ros_context():
+    """A fresh rclpy context for one test (isolated from other tests' nodes)."""
+    import rclpy
+
+    context = rclpy.context.Context()
+    rclpy.init(context=context)
+    try:
+        yield context
+    finally:
+        rclpy.try_shutdown(context=context)
