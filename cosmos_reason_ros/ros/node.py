@@ -1,0 +1,500 @@
+"""The cosmos_reason node: camera cache, the ``~/reason`` action server, results publishing.
+
+Thin glue: parameters come from ``config``, every decision about prompts, images, parsing and
+geometry from ``core``, inference from an ``engines`` backend driven through ``EngineRunner``.
+Image callbacks only store the serialized message and its stamp; conversion happens once per
+goal, on the goal's own executor thread.
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+import struct
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import rclpy
+from rclpy.action import ActionServer, CancelResponse, GoalResponse
+from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallbackGroup
+from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
+from rclpy.node import Node
+from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
+from rclpy.serialization import deserialize_message
+from rclpy.signals import SignalHandlerOptions
+from sensor_msgs.msg import CompressedImage, Image
+
+from cosmos_reason_interfaces.action import Reason
+from cosmos_reason_interfaces.msg import ReasoningResult
+from cosmos_reason_ros.core import imaging, query
+from cosmos_reason_ros.core.admission import GoalSlots
+from cosmos_reason_ros.core.frames import FrameHistory, StoredFrame
+from cosmos_reason_ros.core.models import ModelProfile, detect_profile
+from cosmos_reason_ros.core.types import (
+    BadImageError,
+    BadRequestError,
+    CosmosReasonError,
+    DeadlineExceededError,
+    EngineError,
+    EngineUnavailableError,
+    ImageTooOldError,
+    NoImageError,
+    RequestCancelledError,
+    Timings,
+)
+from cosmos_reason_ros.engines.base import EngineState
+from cosmos_reason_ros.engines.factory import create_engine
+from cosmos_reason_ros.engines.runner import EngineRunner
+from cosmos_reason_ros.ros import messages
+from cosmos_reason_ros.ros.config import ConfigError, declare_and_load, engine_options
+
+NODE_NAME = "cosmos_reason"
+_CANCEL_GRACE_S = 5.0  # how long a cancelled request may take to end in the engine
+_POLL_S = 0.05  # goal threads re-check cancel/timeout at least this often
+Goal = Reason.Goal
+Feedback = Reason.Feedback
+
+
+@dataclass(frozen=True)
+class RawFrame:
+    """A camera message kept serialized until a goal needs it."""
+
+    compressed: bool
+    data: bytes
+
+
+def cdr_header_stamp_ns(data: bytes) -> int:
+    """Read ``header.stamp`` from a serialized Image/CompressedImage without deserializing.
+
+    CDR: a 4-byte encapsulation header (byte 1: 0 big endian, 1 little endian), then the
+    Header's stamp (int32 sec, uint32 nanosec) at offset 4.
+    """
+    if len(data) < 12:
+        return 0
+    order = "<" if data[1] == 1 else ">"
+    sec, nanosec = struct.unpack_from(order + "iI", data, 4)
+    return sec * messages.NS_PER_S + nanosec
+
+
+@dataclass
+class _Media:
+    prepared: query.PreparedMedia
+    header: Any
+    stamps_ns: list[int]
+
+
+class ReasonNode(Node):
+    """Serves ``~/reason`` goals about the camera stream and publishes ``~/results``."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        """Declare and validate parameters, create the engine and subscriptions."""
+        super().__init__(NODE_NAME, **kwargs)
+        self.params = declare_and_load(self)
+        p = self.params
+        try:
+            self.profile: ModelProfile = detect_profile(
+                p["engine.model"] or "unknown", None if p["model.family"] == "auto"
+                else p["model.family"])
+        except CosmosReasonError as e:
+            raise ConfigError(f"model.family/engine.model: {e.message}") from e
+        self.limits = query.QueryLimits(
+            max_tokens=p["limits.max_tokens"], max_prompt_chars=p["limits.max_prompt_chars"],
+            max_schema_bytes=p["limits.max_schema_bytes"], max_image_pixels=p["model.max_pixels"])
+        self.history: FrameHistory[RawFrame] = FrameHistory(
+            max_frames=p["image.history_frames"],
+            max_bytes=int(p["image.history_mb"] * 1024 * 1024), clock=self._now_ns)
+        self.slots = GoalSlots(p["limits.max_concurrent_goals"], p["limits.max_queued_goals"])
+        self.runner = EngineRunner(create_engine(p["engine.kind"], engine_options(p)))
+        self._stopping = threading.Event()
+        self._counters_lock = threading.Lock()
+        self.counters = {"succeeded": 0, "aborted": 0, "canceled": 0, "rejected": 0}
+        self._action_server: ActionServer | None = None
+
+        self.results_pub = self.create_publisher(ReasoningResult, "~/results", 50)
+        camera_qos = QoSProfile(
+            history=HistoryPolicy.KEEP_LAST, depth=p["image.qos_depth"],
+            reliability=ReliabilityPolicy.BEST_EFFORT
+            if p["image.qos_reliability"] == "best_effort" else ReliabilityPolicy.RELIABLE)
+        camera_group = MutuallyExclusiveCallbackGroup()
+        # raw=True: the callback receives the serialized bytes, so ingest costs a stamp read
+        # instead of a full deserialization of every 6 MB frame at 30 Hz.
+        if p["image.input"] in ("raw", "both"):
+            self.create_subscription(Image, "image", self._on_raw_image, camera_qos,
+                                     callback_group=camera_group, raw=True)
+        if p["image.input"] in ("compressed", "both"):
+            self.create_subscription(CompressedImage, "image/compressed",
+                                     self._on_compressed_image, camera_qos,
+                                     callback_group=camera_group, raw=True)
+
+    # --- lifecycle -----------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Load and warm up the engine, then open the action server.
+
+        An in-process engine that fails to start is fatal. A remote server that is down is
+        not: goals fail fast with ENGINE_UNAVAILABLE until it comes up.
+        """
+        p = self.params
+        t0 = time.monotonic()
+        try:
+            self.runner.start(timeout_s=p["engine.start_timeout_s"])
+        except CosmosReasonError as e:
+            if p["engine.kind"] != "openai":
+                raise
+            self.get_logger().warning(f"engine not ready at start ({e.message}); serving "
+                                      f"goals with ENGINE_UNAVAILABLE until it is")
+        self._action_server = ActionServer(
+            self, Reason, "~/reason", execute_callback=self._execute,
+            goal_callback=self._on_goal, cancel_callback=lambda _: CancelResponse.ACCEPT,
+            callback_group=ReentrantCallbackGroup())
+        self.get_logger().info(
+            f"ready: model={self.runner.model_name} family={self.profile.key} "
+            f"engine={p['engine.kind']} startup_s={time.monotonic() - t0:.1f} "
+            f"max_concurrent_goals={self.slots.max_running}")
+
+    def close(self) -> None:
+        """Stop taking goals, end running ones, and shut the engine down."""
+        if self._stopping.is_set():
+            return
+        self._stopping.set()
+        self.history.close()
+        self.runner.close()
+        if self._action_server is not None:
+            self._action_server.destroy()
+
+    def executor_threads(self) -> int:
+        """Threads the executor needs: every running and queued goal blocks one."""
+        return self.slots.max_running + self.slots.max_queued + 4
+
+    # --- camera --------------------------------------------------------------------------
+
+    def _now_ns(self) -> int:
+        return self.get_clock().now().nanoseconds
+
+    def _store(self, data: bytes, compressed: bool) -> None:
+        stamp = cdr_header_stamp_ns(data) or self._now_ns()
+        self.history.append(RawFrame(compressed, data), stamp, nbytes=len(data))
+
+    def _on_raw_image(self, data: bytes) -> None:
+        self._store(data, compressed=False)
+
+    def _on_compressed_image(self, data: bytes) -> None:
+        self._store(data, compressed=True)
+
+    # --- goals ---------------------------------------------------------------------------
+
+    def _on_goal(self, _goal: Goal) -> GoalResponse:
+        # Goals are accepted and then validated in execute, so every refusal reaches the
+        # client as a result with a specific error code and message (a plain REJECT cannot
+        # say why).
+        return GoalResponse.REJECT if self._stopping.is_set() else GoalResponse.ACCEPT
+
+    def _count(self, outcome: str) -> None:
+        with self._counters_lock:
+            self.counters[outcome] += 1
+
+    def _execute(self, goal_handle: Any) -> Reason.Result:
+        t_accept = time.monotonic()
+        goal: Goal = goal_handle.request
+        msg = ReasoningResult(goal_id=bytes(goal_handle.goal_id.uuid).hex(), origin="goal",
+                              model=self.runner.model_name, task=goal.task, prompt=goal.prompt)
+        holding_slot = False
+        timings: dict[str, float] = {}
+        try:
+            deadline = t_accept + self._goal_timeout(goal)
+            spec = query.make_spec(
+                self.profile, task=goal.task, prompt=goal.prompt, targets=list(goal.targets),
+                reasoning=goal.reasoning, response_schema=goal.response_schema,
+                max_tokens=goal.max_tokens, temperature=goal.temperature, greedy=goal.greedy,
+                limits=self.limits, constrain=self.params["model.constrain_structured_tasks"])
+            msg.task = spec.task.value
+            self._check_source(goal)
+            self._check_engine()
+            self._feedback(goal_handle, Feedback.STAGE_QUEUED, t_accept)
+            holding_slot = self.slots.acquire(
+                deadline - time.monotonic(),
+                should_stop=lambda: goal_handle.is_cancel_requested or self._stopping.is_set())
+            if not holding_slot:
+                self._raise_interrupted(goal_handle, "while waiting for a free slot")
+            timings["queue_s"] = time.monotonic() - t_accept
+            media = self._acquire_media(goal, goal_handle, deadline, t_accept)
+            msg.header = messages.source_header(media.header)
+            msg.frame_stamps = messages.stamps(media.stamps_ns)
+            timings["preprocess_s"] = time.monotonic() - t_accept - timings["queue_s"]
+            outcome, ttft = self._generate(goal_handle, spec, media, deadline, t_accept)
+            timings["time_to_first_token_s"] = ttft
+            messages.fill_outcome(msg, outcome, media.prepared.geometry,
+                                  media.stamps_ns[0] if media.prepared.video else None)
+            goal_handle.succeed()
+            self._count("succeeded")
+        except CosmosReasonError as e:
+            self._end_with_error(goal_handle, msg, e)
+        except Exception as e:  # noqa: BLE001 - the boundary: a goal must always end
+            self.get_logger().error(f"goal {msg.goal_id[:8]}: internal error: {e!r}")
+            self._end_with_error(goal_handle, msg, EngineError(f"internal error: {e!r}"))
+        finally:
+            if holding_slot:
+                self.slots.release()
+        msg.queue_s = timings.get("queue_s", 0.0)
+        msg.preprocess_s = timings.get("preprocess_s", 0.0)
+        msg.time_to_first_token_s = timings.get("time_to_first_token_s", 0.0)
+        msg.total_s = time.monotonic() - t_accept
+        self._publish_result(msg)
+        return Reason.Result(result=msg)
+
+    def _goal_timeout(self, goal: Goal) -> float:
+        timeout = float(goal.timeout_s)
+        if not math.isfinite(timeout) or timeout < 0:
+            raise BadRequestError(f"timeout_s={goal.timeout_s!r}: allowed 0 (node default) "
+                                  f"or a positive number of seconds")
+        return timeout or self.params["limits.goal_timeout_s"]
+
+    def _check_source(self, goal: Goal) -> None:
+        has_image = bool(goal.image.data) or goal.image.width or goal.image.height
+        has_compressed = bool(goal.compressed_image.data)
+        if goal.source == Goal.SOURCE_GOAL_IMAGE:
+            if has_image == has_compressed:
+                raise BadRequestError("source=SOURCE_GOAL_IMAGE needs exactly one of image and "
+                                      "compressed_image filled")
+        elif goal.source in (Goal.SOURCE_LATEST, Goal.SOURCE_NEXT, Goal.SOURCE_CLIP):
+            if has_image or has_compressed:
+                raise BadRequestError(f"the goal carries an image but source={goal.source}; "
+                                      f"set source=SOURCE_GOAL_IMAGE ({Goal.SOURCE_GOAL_IMAGE}) "
+                                      f"to use it")
+        else:
+            raise BadRequestError(f"source={goal.source} is unknown; allowed 0 (latest), "
+                                  f"1 (next), 2 (clip), 3 (image in goal)")
+        for name in ("max_image_age_s", "wait_for_image_s", "clip_duration_s", "clip_fps"):
+            value = float(getattr(goal, name))
+            if not math.isfinite(value) or value < 0:
+                raise BadRequestError(f"{name}={value!r}: allowed 0 (node default) or a "
+                                      f"positive finite number")
+
+    def _check_engine(self) -> None:
+        health = self.runner.health()
+        if health.state in (EngineState.UNAVAILABLE, EngineState.CLOSED, EngineState.STOPPED):
+            raise EngineUnavailableError(f"engine {health.state.value}: {health.detail}")
+
+    def _raise_interrupted(self, goal_handle: Any, where: str) -> None:
+        if goal_handle.is_cancel_requested:
+            raise RequestCancelledError(f"cancelled {where}")
+        if self._stopping.is_set():
+            raise EngineUnavailableError(f"node shutting down {where}")
+        raise DeadlineExceededError(f"goal timed out {where}")
+
+    # --- images --------------------------------------------------------------------------
+
+    def _wait_s(self, goal: Goal) -> float:
+        return float(goal.wait_for_image_s) or self.params["image.wait_s"]
+
+    def _acquire_media(self, goal: Goal, goal_handle: Any, deadline: float,
+                       t_accept: float) -> _Media:
+        if goal.source == Goal.SOURCE_GOAL_IMAGE:
+            if goal.compressed_image.data:
+                rgb = imaging.compressed_to_rgb(goal.compressed_image.format,
+                                                bytes(goal.compressed_image.data),
+                                                self.params["image.max_pixels"])
+                header = goal.compressed_image.header
+            else:
+                rgb = self._image_to_rgb(goal.image)
+                header = goal.image.header
+            prepared = query.prepare_image(self.profile, rgb, self.limits)
+            return _Media(prepared, header, [messages.stamp_to_ns(header.stamp)])
+        if goal.source == Goal.SOURCE_CLIP:
+            raise BadRequestError("source=SOURCE_CLIP is not available in this build")
+        self._feedback(goal_handle, Feedback.STAGE_WAITING_FOR_IMAGE, t_accept)
+        frame = self._pick_frame(goal, goal_handle, deadline, t_accept)
+        message = self._deserialize(frame)
+        if frame.payload.compressed:
+            rgb = imaging.compressed_to_rgb(message.format, bytes(message.data),
+                                            self.params["image.max_pixels"])
+            prepared = query.prepare_image(self.profile, rgb, self.limits)
+        else:
+            size = query.input_size(self.profile, message.width, message.height, self.limits) \
+                if message.width and message.height else None
+            rgb = self._image_to_rgb(message, size)
+            prepared = query.prepare_image(self.profile, rgb, self.limits,
+                                           original_size=(message.width, message.height))
+        return _Media(prepared, message.header, [frame.stamp_ns])
+
+    def _pick_frame(self, goal: Goal, goal_handle: Any, deadline: float,
+                    t_accept: float) -> StoredFrame[RawFrame]:
+        wait_s = min(self._wait_s(goal), max(0.0, deadline - time.monotonic()))
+        if goal.source == Goal.SOURCE_NEXT:
+            # "After acceptance": frames received since the goal arrived, by the node clock.
+            after_ns = self._now_ns() - int((time.monotonic() - t_accept) * 1e9)
+            frame = self._wait_frame(goal_handle, after_ns, wait_s)
+            if frame is None:
+                raise NoImageError(f"no new frame on '{self._image_topics()}' within "
+                                   f"{wait_s:.2f} s")
+            return frame
+        frame = self.history.latest()
+        if frame is None:
+            frame = self._wait_frame(goal_handle, None, wait_s)
+            if frame is None:
+                raise NoImageError(f"no image received on '{self._image_topics()}' yet "
+                                   f"(waited {wait_s:.2f} s)")
+        max_age = float(goal.max_image_age_s) or self.params["image.max_age_s"]
+        age_s = (self._now_ns() - frame.stamp_ns) / 1e9
+        if max_age > 0 and age_s > max_age:
+            raise ImageTooOldError(f"latest image is {age_s:.3f} s old; max_image_age_s="
+                                   f"{max_age:g}")
+        return frame
+
+    def _wait_frame(self, goal_handle: Any, after_ns: int | None,
+                    wait_s: float) -> StoredFrame[RawFrame] | None:
+        end = time.monotonic() + wait_s
+        while True:
+            remaining = end - time.monotonic()
+            frame = self.history.wait_for_next(after_ns, min(_POLL_S * 4, max(0.0, remaining)))
+            if frame is not None:
+                return frame
+            if goal_handle.is_cancel_requested or self._stopping.is_set():
+                self._raise_interrupted(goal_handle, "while waiting for an image")
+            if remaining <= 0:
+                return None
+
+    def _image_topics(self) -> str:
+        names = [s.topic_name for s in self.subscriptions]
+        return ", ".join(names) or "(no camera subscription)"
+
+    def _deserialize(self, frame: StoredFrame[RawFrame]) -> Any:
+        kind = CompressedImage if frame.payload.compressed else Image
+        try:
+            return deserialize_message(frame.payload.data, kind)
+        except Exception as e:  # noqa: BLE001 - malformed bytes from the wire
+            raise BadImageError(f"could not deserialize the {kind.__name__} message: {e}") \
+                from e
+
+    def _image_to_rgb(self, msg: Image, size: tuple[int, int] | None = None) -> Any:
+        return imaging.image_to_rgb(msg.width, msg.height, msg.encoding, bool(msg.is_bigendian),
+                                    msg.step, msg.data,
+                                    max_pixels=self.params["image.max_pixels"], size=size)
+
+    # --- generation ----------------------------------------------------------------------
+
+    def _generate(self, goal_handle: Any, spec: query.QuerySpec, media: _Media,
+                  deadline: float, t_accept: float) -> tuple[Any, float]:
+        request = query.build_request(
+            uuid.uuid4().hex, self.profile, spec, media.prepared,
+            engine_constrains_after_reasoning=self.params["engine.constrains_after_reasoning"])
+        output = query.OutputAccumulator()
+        min_interval = 1.0 / self.params["limits.feedback_rate_hz"]
+        pending: list[str] = []
+        last_feedback = 0.0
+        t_submit = time.monotonic()
+        handle = self.runner.submit(request)
+        self._feedback(goal_handle, Feedback.STAGE_GENERATING, t_accept)
+        stop_reason: str | None = None
+        stop_at = 0.0
+        while True:
+            if stop_reason is None:
+                if goal_handle.is_cancel_requested:
+                    stop_reason = "cancel"
+                elif time.monotonic() > deadline:
+                    stop_reason = "timeout"
+                elif self._stopping.is_set():
+                    stop_reason = "shutdown"
+                if stop_reason is not None:
+                    handle.cancel()
+                    stop_at = time.monotonic()
+            elif time.monotonic() - stop_at > _CANCEL_GRACE_S:
+                break  # the engine did not confirm in time; the goal ends anyway
+            chunk = handle.next_chunk(_POLL_S)
+            if chunk is not None:
+                output.add(chunk)
+                pending.append(chunk.reasoning_delta + chunk.text_delta)
+                now = time.monotonic()
+                if chunk.finish_reason is None and now - last_feedback >= min_interval:
+                    self._feedback(goal_handle, Feedback.STAGE_GENERATING, t_accept,
+                                   "".join(pending), output.output_tokens)
+                    pending.clear()
+                    last_feedback = now
+                if chunk.finish_reason is not None:
+                    break
+        if pending and stop_reason is None:
+            self._feedback(goal_handle, Feedback.STAGE_GENERATING, t_accept, "".join(pending),
+                           output.output_tokens)
+        if stop_reason == "cancel":
+            raise RequestCancelledError("cancelled by the client during generation")
+        if stop_reason == "timeout":
+            raise DeadlineExceededError(f"goal timed out during generation after "
+                                        f"{output.output_tokens} tokens")
+        if stop_reason == "shutdown":
+            raise EngineUnavailableError("node shutting down during generation")
+        ttft = (t_submit - t_accept) + (output.first_token_s or 0.0)
+        timings = Timings(time_to_first_token_s=ttft)
+        return query.finish(self.profile, spec, media.prepared, output, timings), ttft
+
+    # --- outputs -------------------------------------------------------------------------
+
+    def _feedback(self, goal_handle: Any, stage: str, t_accept: float, text: str = "",
+                  tokens: int = 0) -> None:
+        goal_handle.publish_feedback(Feedback(stage=stage, text_delta=text, output_tokens=tokens,
+                                              elapsed_s=time.monotonic() - t_accept))
+
+    def _end_with_error(self, goal_handle: Any, msg: ReasoningResult,
+                        error: CosmosReasonError) -> None:
+        messages.fill_error(msg, error)
+        self.get_logger().warning(f"goal {msg.goal_id[:8]} ended: code={error.code.name} "
+                                  f"message={error.message}")
+        if isinstance(error, RequestCancelledError) and goal_handle.is_cancel_requested:
+            goal_handle.canceled()
+            self._count("canceled")
+        else:
+            goal_handle.abort()
+            self._count("rejected" if error.code.name in ("OVERLOADED", "BAD_REQUEST")
+                        else "aborted")
+
+    def _publish_result(self, msg: ReasoningResult) -> None:
+        if self.context.ok():
+            self.results_pub.publish(msg)
+
+
+def main(args: list[str] | None = None) -> int:
+    """Run the node until SIGINT/SIGTERM; exit 2 on a configuration error."""
+    rclpy.init(args=args, signal_handler_options=SignalHandlerOptions.NO)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    node: ReasonNode | None = None
+    executor: MultiThreadedExecutor | None = None
+    code = 0
+    try:
+        node = ReasonNode()
+        node.start()
+        executor = MultiThreadedExecutor(num_threads=node.executor_threads())
+        executor.add_node(node)
+        while rclpy.ok() and not stop.is_set():
+            executor.spin_once(timeout_sec=0.2)
+    except ConfigError as e:
+        rclpy.logging.get_logger(NODE_NAME).fatal(str(e))
+        code = 2
+    except CosmosReasonError as e:
+        rclpy.logging.get_logger(NODE_NAME).fatal(f"engine failed to start: {e.message}")
+        code = 1
+    except (KeyboardInterrupt, ExternalShutdownException):
+        pass
+    finally:
+        if node is not None:
+            node.close()
+        if executor is not None:
+            # Let goal threads deliver their (aborted) results before the context goes.
+            deadline = time.monotonic() + 3.0
+            while node is not None and node.slots.running and time.monotonic() < deadline:
+                executor.spin_once(timeout_sec=0.05)
+            executor.shutdown(timeout_sec=2.0)
+        if node is not None:
+            node.destroy_node()
+        rclpy.try_shutdown()
+    if code == 0 and node is not None:
+        rclpy.logging.get_logger(NODE_NAME).info("shut down cleanly")
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
