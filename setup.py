@@ -22,6 +22,8 @@ setup(
     license="Apache-2.0",
     entry_points={
         "console_scripts": [
+            "cosmos_reason_node = cosmos_reason_ros.ros.node:main",
+            "query = cosmos_reason_ros.tools.query:main",
             "tiny_model = cosmos_reason_ros.tools.tiny_model:main",
         ],
     },

@@ -16,7 +16,12 @@ from cosmos_reason_ros.core.types import OverloadedError
 
 
 class GoalSlots:
-    """Thread-safe counters for running and queued goals with FIFO hand-over."""
+    """Thread-safe counters for admitted, running and queued goals with FIFO hand-over.
+
+    A goal is first ``admit``-ted (refused with ``OverloadedError`` when ``max_running +
+    max_queued`` goals are already in), then ``acquire``-s a running slot in arrival order,
+    ``release``-s it, and finally ``leave``-s.
+    """
 
     def __init__(self, max_running: int, max_queued: int) -> None:
         """Allow ``max_running`` goals at once and ``max_queued`` more to wait."""
@@ -25,6 +30,7 @@ class GoalSlots:
         self.max_running = max_running
         self.max_queued = max_queued
         self._cond = threading.Condition()
+        self._admitted = 0
         self._running = 0
         self._waiting: collections.deque[object] = collections.deque()
 
@@ -36,17 +42,33 @@ class GoalSlots:
 
     @property
     def queued(self) -> int:
-        """Goals waiting for a slot."""
+        """Goals admitted but not running (waiting for a slot or for an image)."""
         with self._cond:
-            return len(self._waiting)
+            return self._admitted - self._running
+
+    def admit(self) -> None:
+        """Count a new goal in, or raise ``OverloadedError`` when the bounds are full."""
+        with self._cond:
+            if self._admitted >= self.max_running + self.max_queued:
+                raise OverloadedError(
+                    f"{self._running} goals running and {self._admitted - self._running} "
+                    f"queued (limits.max_concurrent_goals={self.max_running}, "
+                    f"limits.max_queued_goals={self.max_queued}); retry later"
+                )
+            self._admitted += 1
+
+    def leave(self) -> None:
+        """Count an admitted goal out (it has ended)."""
+        with self._cond:
+            self._admitted = max(0, self._admitted - 1)
+            self._cond.notify_all()
 
     def acquire(self, timeout_s: float, should_stop: Callable[[], bool] = lambda: False,
                 poll_s: float = 0.05) -> bool:
-        """Take a slot, waiting in line if all are busy.
+        """Take a running slot (for an admitted goal), waiting in line if all are busy.
 
-        Raises ``OverloadedError`` at once when the queue is full too. Returns ``False`` when
-        ``timeout_s`` passes or ``should_stop()`` turns true while waiting (the caller then
-        holds no slot).
+        Returns ``False`` when ``timeout_s`` passes or ``should_stop()`` turns true while
+        waiting (the caller then holds no slot).
         """
         ticket = object()
         deadline = time.monotonic() + max(0.0, timeout_s)
@@ -54,12 +76,6 @@ class GoalSlots:
             if self._running < self.max_running and not self._waiting:
                 self._running += 1
                 return True
-            if len(self._waiting) >= self.max_queued:
-                raise OverloadedError(
-                    f"{self._running} goals running and {len(self._waiting)} queued "
-                    f"(limits.max_concurrent_goals={self.max_running}, "
-                    f"limits.max_queued_goals={self.max_queued}); retry later"
-                )
             self._waiting.append(ticket)
             try:
                 while True:

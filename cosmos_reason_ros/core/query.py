@@ -105,7 +105,7 @@ def _budget(profile: ModelProfile, limits: QueryLimits) -> int:
 
 def input_size(profile: ModelProfile, width: int, height: int,
                limits: QueryLimits = QueryLimits()) -> tuple[int, int]:
-    """The size the model sees for a ``width`` x ``height`` image (processor-stable)."""
+    """Return the size the model sees for a ``width`` x ``height`` image."""
     return profile.input_size(width, height, _budget(profile, limits))
 
 
@@ -155,7 +155,7 @@ def request_schema(
     profile: ModelProfile, spec: QuerySpec, media: PreparedMedia,
     engine_constrains_after_reasoning: bool = False,
 ) -> dict[str, Any] | None:
-    """The schema to constrain decoding with, or ``None``.
+    """Return the schema to constrain decoding with, or ``None``.
 
     A schema applied from the first token forbids a ``<think>`` block, so with reasoning on
     it is used only where the engine starts constraining after ``</think>``.
@@ -187,7 +187,7 @@ def build_request(
     schema = request_schema(profile, spec, media, engine_constrains_after_reasoning)
     return ChatRequest(
         request_id=request_id, messages=messages, sampling=spec.sampling, images=media.images,
-        video=media.video, json_schema=schema, priority=priority,
+        video=media.video, json_schema=schema, priority=priority, reasoning=spec.reasoning,
     )
 
 
@@ -220,7 +220,7 @@ class OutputAccumulator:
             self.finish_reason = chunk.finish_reason
 
     def raw_text(self) -> str:
-        """The full output; a server-split reasoning trace is put back in ``<think>`` tags."""
+        """Return the full output, a server-split reasoning trace back in ``<think>`` tags."""
         text = "".join(self.text)
         if self.reasoning:
             return f"<think>\n{''.join(self.reasoning)}\n</think>\n\n{text}"
@@ -232,7 +232,7 @@ def finish(
     spec: QuerySpec,
     media: PreparedMedia,
     output: OutputAccumulator,
-    timings: Timings = Timings(),
+    timings: Timings | None = None,
 ) -> ReasonOutcome:
     """Parse the output and map its geometry to original-image pixels."""
     finish_reason = output.finish_reason or FinishReason.STOP
@@ -251,4 +251,5 @@ def finish(
         parsed = parsed.__class__(**{**parsed.__dict__,
                                      "problems": tuple(parsed.problems) + tuple(problems)})
     tokens = TokenCounts(output.prompt_tokens, output.output_tokens, output.cached_prompt_tokens)
-    return ReasonOutcome(parsed, boxes, points, trajectories, finish_reason, tokens, timings)
+    return ReasonOutcome(parsed, boxes, points, trajectories, finish_reason, tokens,
+                         timings or Timings())

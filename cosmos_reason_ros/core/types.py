@@ -190,6 +190,9 @@ class ChatRequest:
     video: Video | None = None
     json_schema: dict[str, Any] | None = None
     priority: int = 0  # lower runs first where the engine supports priorities
+    # Whether the prompt asks for a <think> block: servers with a reasoning parser must then
+    # let the model think (and constrain only after </think>); None = let the engine decide.
+    reasoning: bool | None = None
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,8 @@ import math
 from collections.abc import Sequence
 
 from builtin_interfaces.msg import Time
+from std_msgs.msg import Header
+
 from cosmos_reason_interfaces.msg import (
     Box2D,
     Point2D,
@@ -13,8 +15,6 @@ from cosmos_reason_interfaces.msg import (
     TemporalSpan,
     Trajectory2D,
 )
-from std_msgs.msg import Header
-
 from cosmos_reason_ros.core.types import (
     CosmosReasonError,
     ErrorCode,
@@ -86,7 +86,7 @@ def fill_error(msg: ReasoningResult, error: CosmosReasonError) -> None:
 
 
 def source_header(header: Header | None) -> Header:
-    """A copy of the source image header (empty when there is no image)."""
+    """Copy the source image header (an empty one when there is no image)."""
     if header is None:
         return Header()
     return Header(stamp=Time(sec=header.stamp.sec, nanosec=header.stamp.nanosec),

@@ -43,6 +43,7 @@ from cosmos_reason_ros.core.types import (
     EngineUnavailableError,
     ImageTooOldError,
     NoImageError,
+    OverloadedError,
     RequestCancelledError,
     Timings,
 )
@@ -113,6 +114,9 @@ class ReasonNode(Node):
         self._counters_lock = threading.Lock()
         self.counters = {"succeeded": 0, "aborted": 0, "canceled": 0, "rejected": 0}
         self._action_server: ActionServer | None = None
+        # Goals refused at admission (keyed by goal id); execute ends them with OVERLOADED.
+        self._refused: dict[bytes, OverloadedError] = {}
+        self._refused_lock = threading.Lock()
 
         self.results_pub = self.create_publisher(ReasoningResult, "~/results", 50)
         camera_qos = QoSProfile(
@@ -149,7 +153,8 @@ class ReasonNode(Node):
                                       f"goals with ENGINE_UNAVAILABLE until it is")
         self._action_server = ActionServer(
             self, Reason, "~/reason", execute_callback=self._execute,
-            goal_callback=self._on_goal, cancel_callback=lambda _: CancelResponse.ACCEPT,
+            goal_callback=self._on_goal, handle_accepted_callback=self._on_accepted,
+            cancel_callback=lambda _: CancelResponse.ACCEPT,
             callback_group=ReentrantCallbackGroup())
         self.get_logger().info(
             f"ready: model={self.runner.model_name} family={self.profile.key} "
@@ -193,6 +198,16 @@ class ReasonNode(Node):
         # say why).
         return GoalResponse.REJECT if self._stopping.is_set() else GoalResponse.ACCEPT
 
+    def _on_accepted(self, goal_handle: Any) -> None:
+        # Admission happens here, before the goal needs an executor thread of its own: a goal
+        # over the bounds is marked and its execute ends at once with OVERLOADED.
+        try:
+            self.slots.admit()
+        except OverloadedError as e:
+            with self._refused_lock:
+                self._refused[bytes(goal_handle.goal_id.uuid)] = e
+        goal_handle.execute()
+
     def _count(self, outcome: str) -> None:
         with self._counters_lock:
             self.counters[outcome] += 1
@@ -203,8 +218,12 @@ class ReasonNode(Node):
         msg = ReasoningResult(goal_id=bytes(goal_handle.goal_id.uuid).hex(), origin="goal",
                               model=self.runner.model_name, task=goal.task, prompt=goal.prompt)
         holding_slot = False
+        with self._refused_lock:
+            refused = self._refused.pop(bytes(goal_handle.goal_id.uuid), None)
         timings: dict[str, float] = {}
         try:
+            if refused is not None:
+                raise refused
             deadline = t_accept + self._goal_timeout(goal)
             spec = query.make_spec(
                 self.profile, task=goal.task, prompt=goal.prompt, targets=list(goal.targets),
@@ -231,6 +250,11 @@ class ReasonNode(Node):
                                   media.stamps_ns[0] if media.prepared.video else None)
             goal_handle.succeed()
             self._count("succeeded")
+            self.get_logger().info(
+                f"goal {msg.goal_id[:8]} succeeded: task={msg.task} "
+                f"tokens={outcome.tokens.prompt}+{outcome.tokens.output} "
+                f"cached={outcome.tokens.cached_prompt} ttft_s={ttft:.3f} "
+                f"total_s={time.monotonic() - t_accept:.3f} parsed={','.join(msg.parsed)}")
         except CosmosReasonError as e:
             self._end_with_error(goal_handle, msg, e)
         except Exception as e:  # noqa: BLE001 - the boundary: a goal must always end
@@ -239,6 +263,8 @@ class ReasonNode(Node):
         finally:
             if holding_slot:
                 self.slots.release()
+            if refused is None:
+                self.slots.leave()
         msg.queue_s = timings.get("queue_s", 0.0)
         msg.preprocess_s = timings.get("preprocess_s", 0.0)
         msg.time_to_first_token_s = timings.get("time_to_first_token_s", 0.0)

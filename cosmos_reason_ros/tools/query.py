@@ -1,0 +1,119 @@
+"""One-shot command-line action client: ask the node, stream the text, print the result.
+
+    ros2 run cosmos_reason_ros query --prompt "What is on the table?"
+    ros2 run cosmos_reason_ros query --task ground --targets "red cup" --image cup.jpg
+
+The streamed model text goes to stderr as it arrives; the final result goes to stdout as one
+JSON object (so ``| jq`` works). Exit status: 0 succeeded, 1 aborted/canceled, 2 usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+SOURCES = {"latest": 0, "next": 1, "clip": 2}
+
+
+def message_to_dict(msg: Any) -> Any:
+    """Convert a ROS message to plain JSON-able data (recursively; NaN becomes null)."""
+    if hasattr(msg, "get_fields_and_field_types"):
+        return {name: message_to_dict(getattr(msg, name))
+                for name in msg.get_fields_and_field_types()}
+    if isinstance(msg, (list, tuple)):
+        return [message_to_dict(v) for v in msg]
+    if isinstance(msg, float) and not math.isfinite(msg):
+        return None
+    if isinstance(msg, (bytes, bytearray)):
+        return len(msg)
+    if hasattr(msg, "tolist"):  # array.array / numpy
+        return msg.tolist()
+    return msg
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Build the command-line parser."""
+    ap = argparse.ArgumentParser(prog="query", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--prompt", default="", help="question or instruction")
+    ap.add_argument("--task", default="", help="vqa (default), caption, ground, point, "
+                    "trajectory, next_action, verify, temporal")
+    ap.add_argument("--targets", nargs="*", default=[], help="objects to ground / point at")
+    ap.add_argument("--image", type=Path, help="JPEG/PNG file sent in the goal "
+                    "(default: the node's live camera)")
+    ap.add_argument("--source", choices=sorted(SOURCES), default="latest",
+                    help="live-camera frame to use when --image is not given")
+    ap.add_argument("--reasoning", action="store_true", help="ask the model to reason first")
+    ap.add_argument("--schema", default="", help="JSON schema text, or @FILE")
+    ap.add_argument("--max-tokens", type=int, default=0)
+    ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--greedy", action="store_true")
+    ap.add_argument("--timeout", type=float, default=120.0, help="seconds to wait")
+    ap.add_argument("--action", default="/cosmos_reason/reason", help="action name")
+    ap.add_argument("--quiet", action="store_true", help="do not stream text to stderr")
+    return ap
+
+
+def make_goal(args: argparse.Namespace) -> Any:
+    """Turn parsed arguments into a ``Reason.Goal``."""
+    from sensor_msgs.msg import CompressedImage
+
+    from cosmos_reason_interfaces.action import Reason
+
+    schema = args.schema
+    if schema.startswith("@"):
+        schema = Path(schema[1:]).read_text(encoding="utf-8")
+    goal = Reason.Goal(prompt=args.prompt, task=args.task, targets=list(args.targets),
+                       reasoning=args.reasoning, response_schema=schema,
+                       max_tokens=args.max_tokens, temperature=args.temperature,
+                       greedy=args.greedy, timeout_s=float(args.timeout))
+    if args.image is not None:
+        suffix = args.image.suffix.lower().lstrip(".")
+        goal.compressed_image = CompressedImage(
+            format="png" if suffix == "png" else "jpeg", data=args.image.read_bytes())
+        goal.source = Reason.Goal.SOURCE_GOAL_IMAGE
+    else:
+        goal.source = SOURCES[args.source]
+    return goal
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one query; print the result as JSON."""
+    args = build_parser().parse_args(argv)
+    import rclpy
+
+    from cosmos_reason_ros.client import ReasonClient
+
+    try:
+        goal = make_goal(args)
+    except OSError as e:
+        print(f"query: {e}", file=sys.stderr)
+        return 2
+    rclpy.init()
+    try:
+        with ReasonClient(action_name=args.action) as client:
+            if not client.wait_for_server(min(args.timeout, 30.0)):
+                print(f"query: no action server at {args.action}", file=sys.stderr)
+                return 1
+
+            def on_feedback(fb: Any) -> None:
+                if fb.text_delta and not args.quiet:
+                    sys.stderr.write(fb.text_delta)
+                    sys.stderr.flush()
+
+            result = client.run(goal, timeout_s=args.timeout + 10.0, on_feedback=on_feedback)
+        if not args.quiet:
+            sys.stderr.write("\n")
+        out = {"status": result.status, **message_to_dict(result.message)}
+        print(json.dumps(out, ensure_ascii=False, indent=1))
+        return 0 if result.ok else 1
+    finally:
+        rclpy.try_shutdown()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

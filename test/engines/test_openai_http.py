@@ -1,0 +1,930 @@
+"""OpenAIServerEngine against a real ``vllm`` OpenAI server (tiny Qwen3-VL) and a fake one.
+
+The real server (``python -m vllm.entrypoints.openai.api_server``, own process group) covers
+the behaviours that matter on a robot: streaming with images and video, JSON schemas,
+reasoning split, cancel by disconnect, failover, all-down, API-key hygiene, a server that
+comes up late and one killed mid-stream. A small ``aiohttp.web`` server covers the SSE
+parser and the error mapping cheaply (cases a real server will not produce on demand).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import numpy as np
+import pytest
+from aiohttp import web
+
+from cosmos_reason_ros.core.types import (
+    BadRequestError,
+    ChatRequest,
+    Chunk,
+    ContentPart,
+    CosmosReasonError,
+    EngineError,
+    EngineUnavailableError,
+    FinishReason,
+    Message,
+    OverloadedError,
+    PromptTooLongError,
+    Sampling,
+    Video,
+)
+from cosmos_reason_ros.engines.base import EngineState
+from cosmos_reason_ros.engines.openai_http import (
+    OpenAIServerConfig,
+    OpenAIServerEngine,
+    SSEParser,
+)
+
+SERVER_START_TIMEOUT_S = 300.0  # measured 40-70 s on a loaded 2-core machine
+REASONING_FORMAT = (
+    "Answer the question using the following format:\n\n<think>\nYour reasoning.\n</think>\n\n"
+    "Write your final answer immediately after the </think> tag."
+)
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "label": {"type": "string", "maxLength": 12},
+        "count": {"type": "integer", "minimum": 0, "maximum": 99},
+        "tags": {"type": "array", "items": {"type": "string", "maxLength": 6}, "maxItems": 3},
+    },
+    "required": ["label", "count", "tags"],
+    "additionalProperties": False,
+}
+
+
+# --- helpers ------------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def image(seed: int = 0, h: int = 240, w: int = 320) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, (h, w, 3), dtype=np.uint8)
+
+
+def image_request(
+    request_id: str | None = None,
+    text: str = "What is in the image?",
+    max_tokens: int = 16,
+    **kwargs: Any,
+) -> ChatRequest:
+    sampling = kwargs.pop("sampling", None) or Sampling(max_tokens=max_tokens, seed=1)
+    return ChatRequest(
+        request_id=request_id or uuid.uuid4().hex,
+        messages=(Message("user", (ContentPart("image"), ContentPart("text", text))),),
+        sampling=sampling,
+        images=kwargs.pop("images", (image(),)),
+        **kwargs,
+    )
+
+
+def text_request(text: str = "Hello", max_tokens: int = 8, **kwargs: Any) -> ChatRequest:
+    return ChatRequest(
+        request_id=uuid.uuid4().hex,
+        messages=(Message("user", (ContentPart("text", text),)),),
+        sampling=Sampling(max_tokens=max_tokens, seed=1, **kwargs),
+    )
+
+
+def long_request() -> ChatRequest:
+    """Runs for seconds on the tiny model (ignore_eos up to the context limit)."""
+    return image_request(sampling=Sampling(max_tokens=1800, temperature=0.7, ignore_eos=True))
+
+
+async def collect(engine: OpenAIServerEngine, request: ChatRequest) -> list[Chunk]:
+    return [c async for c in engine.stream(request)]
+
+
+def run(coro: Awaitable[Any]) -> Any:
+    return asyncio.run(coro)  # type: ignore[arg-type]
+
+
+@contextlib.asynccontextmanager
+async def engine_for(config: OpenAIServerConfig, start: bool = True) -> AsyncIterator[
+    OpenAIServerEngine
+]:
+    engine = OpenAIServerEngine(config)
+    try:
+        if start:
+            await engine.start()
+        yield engine
+    finally:
+        await engine.close()
+
+
+async def running_requests(root: str) -> float:
+    async with aiohttp.ClientSession() as s, s.get(root + "/metrics") as r:
+        text = await r.text()
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith("vllm:num_requests_running"):
+            total += float(line.split()[-1])
+    return total
+
+
+async def generated_tokens(root: str) -> float:
+    """vLLM's running total of generated tokens (all requests)."""
+    async with aiohttp.ClientSession() as s, s.get(root + "/metrics") as r:
+        text = await r.text()
+    return sum(float(line.split()[-1]) for line in text.splitlines()
+               if line.startswith("vllm:generation_tokens_total"))
+
+
+async def wait_idle(root: str, timeout_s: float) -> float:
+    """Seconds until the server reports no running request (raises on timeout)."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout_s:
+        if await running_requests(root) == 0:
+            return time.monotonic() - t0
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"server still running a request after {timeout_s}s")
+
+
+class VllmServer:
+    """A real ``vllm`` OpenAI server in its own process group, logging to a file."""
+
+    def __init__(self, model: Path, port: int, api_key: str | None = None) -> None:
+        self.port = port
+        self.root = f"http://127.0.0.1:{port}"
+        self.base = self.root + "/v1"
+        self.log = Path(tempfile.mkstemp(prefix=f"vllm_{port}_", suffix=".log")[1])
+        args = [
+            sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+            "--model", str(model), "--served-model-name", "tiny",
+            "--host", "127.0.0.1", "--port", str(port),
+            "--enforce-eager", "--max-model-len", "2048", "--max-num-seqs", "8",
+            "--reasoning-parser", "qwen3",
+            "--structured-outputs-config",
+            '{"backend":"guidance","disable_any_whitespace":true}',
+            "--disable-uvicorn-access-log",
+        ]
+        if api_key:
+            args += ["--api-key", api_key]
+        env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", HF_HUB_OFFLINE="1",
+                   VLLM_NO_USAGE_STATS="1", TRANSFORMERS_OFFLINE="1")
+        self.started = time.monotonic()
+        with open(self.log, "wb") as log:
+            self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                         start_new_session=True)
+        self.startup_s: float | None = None
+
+    def wait_healthy(self, timeout_s: float = SERVER_START_TIMEOUT_S) -> float:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"vllm server exited ({self.proc.returncode}):\n"
+                                   + self.log.read_text()[-4000:])
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1):
+                    pass
+                import urllib.request
+
+                with urllib.request.urlopen(self.root + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        self.startup_s = time.monotonic() - self.started
+                        return self.startup_s
+            except OSError:
+                pass
+            time.sleep(0.5)
+        raise TimeoutError(f"vllm server not healthy in {timeout_s}s:\n"
+                           + self.log.read_text()[-4000:])
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, sig)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.kill(signal.SIGTERM)
+        self.kill(signal.SIGKILL)  # whatever is left of the group (engine core, workers)
+        with contextlib.suppress(OSError):
+            self.log.unlink()
+
+
+SECRET = f"sk-test-{uuid.uuid4().hex}"
+KEY_ENV = "COSMOS_TEST_OPENAI_KEY"
+
+
+@pytest.fixture(scope="module")
+def server(tiny_qwen3_vl: Path) -> Any:
+    """One real server for the module; it requires the API key held in ``KEY_ENV``."""
+    srv = VllmServer(tiny_qwen3_vl, free_port(), api_key=SECRET)
+    try:
+        startup = srv.wait_healthy()
+        print(f"\nvllm server healthy after {startup:.1f}s")
+        yield srv
+    finally:
+        srv.stop()
+
+
+@pytest.fixture
+def key_env(monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.setenv(KEY_ENV, SECRET)
+    return KEY_ENV
+
+
+def cfg(*endpoints: str, **kwargs: Any) -> OpenAIServerConfig:
+    kwargs.setdefault("api_key_env", KEY_ENV)
+    kwargs.setdefault("start_timeout_s", 60.0)
+    kwargs.setdefault("health_period_s", 0.5)
+    return OpenAIServerConfig(endpoints=endpoints, **kwargs)
+
+
+# --- config -------------------------------------------------------------------------------------
+
+
+def test_config_from_dict_rejects_unknown_keys_and_names_them() -> None:
+    with pytest.raises(ValueError, match=r"unknown OpenAIServerConfig key\(s\) \['endpiont'\]"):
+        OpenAIServerConfig.from_dict({"endpiont": ["http://x:1/v1"]})
+    c = OpenAIServerConfig.from_dict({"endpoints": ["http://a:1/v1/", "http://b:2/v1"],
+                                      "read_timeout_s": 5})
+    assert c.endpoints == ("http://a:1/v1", "http://b:2/v1")
+    assert c.read_timeout_s == 5
+
+
+@pytest.mark.parametrize("bad", [
+    {"endpoints": []},
+    {"endpoints": ["ftp://x/v1"]},
+    {"read_timeout_s": 0},
+    {"max_in_flight": 0},
+    {"jpeg_quality": 101},
+    {"thinking": "maybe"},
+    {"structured_outputs_field": "guided_json"},
+])
+def test_config_rejects_invalid_values(bad: dict[str, Any]) -> None:
+    with pytest.raises(ValueError):
+        OpenAIServerConfig.from_dict(bad)
+
+
+def test_config_refuses_a_key_in_place_of_a_variable_name_without_echoing_it() -> None:
+    with pytest.raises(ValueError) as info:
+        OpenAIServerConfig(api_key_env=SECRET)
+    assert SECRET not in str(info.value)
+    assert "NAME of an environment variable" in str(info.value)
+
+
+# --- SSE parsing --------------------------------------------------------------------------------
+
+
+SSE_STREAM = (
+    b": keep-alive comment\r\n\r\n"
+    b'data: {"a": 1}\r\n\r\n'
+    b'data: {"b":\ndata: "\xc3\xa9t\xc3\xa9"}\n\n'
+    b"event: ping\ndata: x\r\r"
+    b"data: [DONE]\n\n"
+)
+SSE_EVENTS = ['{"a": 1}', '{"b":\n"été"}', "x", "[DONE]"]
+
+
+def test_sse_parser_whole_stream() -> None:
+    assert SSEParser().feed(SSE_STREAM) == SSE_EVENTS
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 5, 7, 13])
+def test_sse_parser_any_split_gives_the_same_events(size: int) -> None:
+    parser = SSEParser()
+    events: list[str] = []
+    for i in range(0, len(SSE_STREAM), size):
+        events += parser.feed(SSE_STREAM[i : i + size])
+    assert events == SSE_EVENTS
+
+
+def test_sse_parser_split_between_cr_and_lf() -> None:
+    parser = SSEParser()
+    assert parser.feed(b"data: 1\r") == []
+    assert parser.feed(b"\n\r") == ["1"]  # the \r\n is one line end, then a blank line
+    assert parser.feed(b"\ndata: 2\n\n") == ["2"]
+
+
+# --- fake server: selection, failover, error mapping ---------------------------------------------
+
+
+def sse(obj: Any) -> bytes:
+    return b"data: " + json.dumps(obj).encode() + b"\n\n"
+
+
+def delta_event(content: str = "", reasoning: str = "", finish: str | None = None) -> bytes:
+    delta: dict[str, Any] = {}
+    if content:
+        delta["content"] = content
+    if reasoning:
+        delta["reasoning"] = reasoning
+    return sse({"choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class FakeServer:
+    """An OpenAI-ish server on 127.0.0.1 whose chat handler a test chooses."""
+
+    def __init__(self, chat: Handler, health_status: int = 200) -> None:
+        self.chat = chat
+        self.health_status = health_status
+        self.bodies: list[dict[str, Any]] = []
+        self.headers: list[Any] = []
+        self.runner: web.AppRunner | None = None
+        self.base = ""
+
+    async def __aenter__(self) -> FakeServer:
+        app = web.Application()
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_post("/v1/chat/completions", self._chat)
+        self.runner = web.AppRunner(app, handler_cancellation=True)  # disconnect cancels
+        await self.runner.setup()
+        port = free_port()
+        await web.TCPSite(self.runner, "127.0.0.1", port).start()
+        self.base = f"http://127.0.0.1:{port}/v1"
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.runner is not None
+        await self.runner.cleanup()
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.Response(status=self.health_status)
+
+    async def _models(self, request: web.Request) -> web.Response:
+        return web.json_response({"data": [{"id": "fake-model"}]})
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        self.bodies.append(await request.json())
+        self.headers.append(request.headers.copy())  # case-insensitive
+        return await self.chat(request)
+
+
+async def stream_events(request: web.Request, events: list[bytes],
+                        split: int = 0) -> web.StreamResponse:
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await resp.prepare(request)
+    data = b"".join(events)
+    step = split or len(data)
+    for i in range(0, len(data), step):
+        await resp.write(data[i : i + step])
+    await resp.write_eof()
+    return resp
+
+
+def good_chat(split: int = 0) -> Handler:
+    async def handler(request: web.Request) -> web.StreamResponse:
+        return await stream_events(request, [
+            sse({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}),
+            delta_event(reasoning="hmm "),
+            delta_event(reasoning="ok"),
+            delta_event(content="A "),
+            delta_event(content="cup", finish="stop"),
+            sse({"choices": [], "usage": {"prompt_tokens": 42, "completion_tokens": 4,
+                                          "prompt_tokens_details": {"cached_tokens": 32}}}),
+            b"data: [DONE]\n\n",
+        ], split)
+    return handler
+
+
+def status_chat(status: int, message: str) -> Handler:
+    async def handler(request: web.Request) -> web.Response:
+        return web.json_response({"error": {"message": message, "code": status}}, status=status)
+    return handler
+
+
+def fake_cfg(*servers: FakeServer, **kwargs: Any) -> OpenAIServerConfig:
+    kwargs.setdefault("health_period_s", 0.2)
+    kwargs.setdefault("start_timeout_s", 10.0)
+    kwargs.setdefault("warmup", False)
+    return OpenAIServerConfig(endpoints=tuple(s.base for s in servers), **kwargs)
+
+
+@pytest.mark.parametrize("split", [0, 1, 7])
+def test_stream_splits_reasoning_text_usage_and_cached_tokens(split: int) -> None:
+    async def body() -> None:
+        async with FakeServer(good_chat(split)) as fake, engine_for(fake_cfg(fake)) as engine:
+            chunks = await collect(engine, image_request())
+            assert "".join(c.reasoning_delta for c in chunks) == "hmm ok"
+            assert "".join(c.text_delta for c in chunks) == "A cup"
+            last = chunks[-1]
+            assert (last.finish_reason, last.prompt_tokens, last.cached_prompt_tokens,
+                    last.output_tokens) == (FinishReason.STOP, 42, 32, 4)
+            assert engine.model_name == "fake-model"
+            sent = fake.bodies[-1]
+            assert sent["model"] == "fake-model" and sent["stream"] is True
+            assert sent["stream_options"] == {"include_usage": True}
+            part = sent["messages"][0]["content"][0]
+            assert part["type"] == "image_url"
+            assert part["image_url"]["url"].startswith("data:image/jpeg;base64,/9j/")
+    run(body())
+
+
+def test_inline_reasoning_rewraps_think_tags() -> None:
+    async def body() -> None:
+        async with FakeServer(good_chat()) as fake, engine_for(
+            fake_cfg(fake, reasoning_output="inline")
+        ) as engine:
+            chunks = await collect(engine, image_request())
+            assert "".join(c.text_delta for c in chunks) == "<think>\nhmm ok\n</think>\n\nA cup"
+            assert all(not c.reasoning_delta for c in chunks)
+    run(body())
+
+
+def test_request_body_sampling_schema_and_thinking_switch() -> None:
+    async def body() -> None:
+        async with FakeServer(good_chat()) as fake, engine_for(fake_cfg(fake)) as engine:
+            sampling = Sampling(max_tokens=7, temperature=0.3, top_p=0.9, top_k=20,
+                                presence_penalty=1.5, repetition_penalty=1.05, seed=3,
+                                ignore_eos=True)
+            await collect(engine, image_request(sampling=sampling, json_schema=SCHEMA))
+            sent = fake.bodies[-1]
+            for key, value in (("max_tokens", 7), ("temperature", 0.3), ("top_p", 0.9),
+                               ("top_k", 20), ("presence_penalty", 1.5),
+                               ("repetition_penalty", 1.05), ("seed", 3), ("ignore_eos", True)):
+                assert sent[key] == value, key
+            assert sent["structured_outputs"] == {"json": SCHEMA}
+            assert "guided_json" not in sent and "response_format" not in sent
+            assert sent["chat_template_kwargs"] == {"enable_thinking": False}
+            # A prompt in the Cosmos-Reason reasoning format leaves thinking on.
+            await collect(engine, image_request("odd\nid", text="Why?\n\n" + REASONING_FORMAT))
+            assert fake.headers[-1]["X-Request-Id"] == "odd_id"
+            assert "chat_template_kwargs" not in fake.bodies[-1]
+        async with FakeServer(good_chat()) as fake, engine_for(
+            fake_cfg(fake, structured_outputs_field="response_format")
+        ) as engine:
+            await collect(engine, image_request(json_schema=SCHEMA))
+            rf = fake.bodies[-1]["response_format"]
+            assert rf["type"] == "json_schema" and rf["json_schema"]["schema"] == SCHEMA
+            assert "structured_outputs" not in fake.bodies[-1]
+    run(body())
+
+
+def test_image_part_count_must_match_images() -> None:
+    async def body() -> None:
+        async with FakeServer(good_chat()) as fake, engine_for(fake_cfg(fake)) as engine:
+            with pytest.raises(BadRequestError, match="reference 1 image"):
+                await collect(engine, image_request(images=()))
+            assert fake.bodies == []
+    run(body())
+
+
+@pytest.mark.parametrize("status,message,error", [
+    (400, "This model's maximum context length is 2048 tokens. However, ...", PromptTooLongError),
+    (400, "temperature must be non-negative", BadRequestError),
+    (422, "field required", BadRequestError),
+])
+def test_client_errors_map_to_codes_and_do_not_fail_over(
+    status: int, message: str, error: type[CosmosReasonError]
+) -> None:
+    async def body() -> None:
+        async with FakeServer(status_chat(status, message)) as a, \
+                FakeServer(status_chat(status, message)) as b, \
+                engine_for(fake_cfg(a, b)) as engine:
+            with pytest.raises(error) as info:
+                await collect(engine, image_request())
+            assert message[:20] in str(info.value)
+            assert len(a.bodies) + len(b.bodies) == 1  # the request itself is bad: no retry
+    run(body())
+
+
+def test_5xx_before_first_token_fails_over_to_the_next_endpoint() -> None:
+    async def body() -> None:
+        async with FakeServer(status_chat(503, "overloaded")) as bad, \
+                FakeServer(good_chat()) as good, \
+                engine_for(fake_cfg(bad, good)) as engine:
+            for _ in range(3):
+                chunks = await collect(engine, image_request())
+                assert "".join(c.text_delta for c in chunks) == "A cup"
+            assert len(good.bodies) == 3
+            assert len(bad.bodies) <= 1  # tried once, then marked down until /health says up
+    run(body())
+
+
+def test_all_endpoints_failing_raise_with_every_reason() -> None:
+    async def body() -> None:
+        async with FakeServer(status_chat(500, "boom")) as a, \
+                FakeServer(status_chat(502, "bad gateway")) as b, \
+                engine_for(fake_cfg(a, b)) as engine:
+            with pytest.raises((EngineUnavailableError, EngineError)) as info:
+                await collect(engine, image_request())
+            assert "boom" in str(info.value) and "bad gateway" in str(info.value)
+    run(body())
+
+
+def test_error_after_first_token_is_not_retried() -> None:
+    async def broken(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(delta_event(content="A "))
+        await resp.write(sse({"error": {"message": "engine died", "code": 500}}))
+        return resp
+
+    async def body() -> None:
+        async with FakeServer(broken) as a, FakeServer(good_chat()) as b, \
+                engine_for(fake_cfg(a, b)) as engine:
+            engine._endpoints[1].in_flight = 5  # make the broken one the least busy
+            got: list[str] = []
+            with pytest.raises(EngineUnavailableError, match="engine died"):
+                async for c in engine.stream(image_request()):
+                    got.append(c.text_delta)
+            assert got == ["A "] and b.bodies == []
+    run(body())
+
+
+def test_least_busy_healthy_endpoint_is_chosen() -> None:
+    async def body() -> None:
+        async with FakeServer(good_chat()) as a, FakeServer(good_chat()) as b, \
+                FakeServer(good_chat()) as c, engine_for(fake_cfg(a, b, c)) as engine:
+            engine._endpoints[0].in_flight = 2
+            engine._endpoints[1].in_flight = 1
+            await collect(engine, image_request())
+            assert (len(a.bodies), len(b.bodies), len(c.bodies)) == (0, 0, 1)
+            engine._endpoints[2].in_flight = 3
+            await collect(engine, image_request())
+            assert len(b.bodies) == 1
+            # Equal load: requests spread over all endpoints.
+            for e in engine._endpoints:
+                e.in_flight = 0
+            for _ in range(6):
+                await collect(engine, image_request())
+            assert min(len(a.bodies), len(b.bodies), len(c.bodies)) >= 1
+    run(body())
+
+
+def test_full_endpoints_raise_overloaded() -> None:
+    async def body() -> None:
+        async with FakeServer(good_chat()) as fake, \
+                engine_for(fake_cfg(fake, max_in_flight=1)) as engine:
+            engine._endpoints[0].in_flight = 1
+            with pytest.raises(OverloadedError):
+                await collect(engine, image_request())
+    run(body())
+
+
+def test_unhealthy_endpoint_is_skipped_and_health_is_degraded() -> None:
+    async def body() -> None:
+        async with FakeServer(good_chat(), health_status=503) as sick, \
+                FakeServer(good_chat()) as well, engine_for(fake_cfg(sick, well)) as engine:
+            assert (await engine.health()).state == EngineState.DEGRADED
+            for _ in range(3):
+                await collect(engine, image_request())
+            assert sick.bodies == [] and len(well.bodies) == 3
+            sick.health_status = 200
+            for _ in range(100):
+                if (await engine.health()).state == EngineState.READY:
+                    break
+                await asyncio.sleep(0.05)
+            assert (await engine.health()).state == EngineState.READY
+    run(body())
+
+
+def test_stalled_stream_hits_read_timeout() -> None:
+    async def stall(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(delta_event(content="A"))
+        await asyncio.sleep(30)
+        return resp
+
+    async def body() -> None:
+        async with FakeServer(stall) as fake, \
+                engine_for(fake_cfg(fake, read_timeout_s=0.5)) as engine:
+            t0 = time.monotonic()
+            with pytest.raises(EngineUnavailableError, match="stalled"):
+                await collect(engine, image_request())
+            assert time.monotonic() - t0 < 10  # not the server's 30 s
+    run(body())
+
+
+# --- real vLLM server -----------------------------------------------------------------------------
+
+
+@pytest.mark.engine
+def test_streams_text_for_an_image_question(server: VllmServer, key_env: str) -> None:
+    async def body() -> None:
+        async with engine_for(cfg(server.base)) as engine:
+            assert engine.model_name == "tiny"
+            assert (await engine.health()).state == EngineState.READY
+            t0 = time.monotonic()
+            chunks = await collect(engine, image_request(max_tokens=24))
+            latency = time.monotonic() - t0
+            text = "".join(c.text_delta for c in chunks)
+            assert text and len(chunks) >= 3
+            assert all(c.finish_reason is None for c in chunks[:-1])
+            last = chunks[-1]
+            assert last.finish_reason in (FinishReason.STOP, FinishReason.LENGTH)
+            assert last.output_tokens <= 24
+            if last.finish_reason == FinishReason.LENGTH:
+                assert last.output_tokens == 24
+            only_text = await collect(engine, text_request("What is in the image?"))
+            # The image really reached the model: it costs prompt tokens.
+            assert last.prompt_tokens is not None and only_text[-1].prompt_tokens is not None
+            assert last.prompt_tokens > only_text[-1].prompt_tokens + 20
+            elapsed = [c.elapsed_s for c in chunks]
+            assert elapsed == sorted(elapsed)
+            ttfts, totals = [], []
+            for _ in range(5):  # figures for the report, not asserted
+                t0 = time.monotonic()
+                timed = await collect(engine, image_request(max_tokens=24))
+                totals.append(time.monotonic() - t0)
+                ttfts.append(next(c.elapsed_s for c in timed if c.text_delta))
+            print(f"\nimage 320x240 + 24 tokens: first {latency * 1000:.0f} ms; median of 5: "
+                  f"ttft {sorted(ttfts)[2] * 1000:.0f} ms, total {sorted(totals)[2] * 1000:.0f} ms")
+    run(body())
+
+
+@pytest.mark.engine
+def test_reasoning_prompt_streams_reasoning_plain_prompt_streams_text(
+    server: VllmServer, key_env: str
+) -> None:
+    async def body() -> None:
+        async with engine_for(cfg(server.base)) as engine:
+            # The qwen3 reasoning parser calls everything reasoning until </think> (which the
+            # random model never writes) unless thinking is switched off for plain prompts.
+            plain = await collect(engine, image_request(max_tokens=12))
+            assert "".join(c.text_delta for c in plain)
+            assert not "".join(c.reasoning_delta for c in plain)
+            thinking = await collect(engine, image_request(text="Why?\n\n" + REASONING_FORMAT,
+                                                           max_tokens=12))
+            assert "".join(c.reasoning_delta for c in thinking)
+    run(body())
+
+
+def check_schema(value: Any) -> None:
+    assert set(value) == {"label", "count", "tags"}
+    assert isinstance(value["label"], str) and len(value["label"]) <= 12
+    assert isinstance(value["count"], int) and 0 <= value["count"] <= 99
+    assert isinstance(value["tags"], list) and len(value["tags"]) <= 3
+    assert all(isinstance(t, str) and len(t) <= 6 for t in value["tags"])
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("field", ["structured_outputs", "response_format"])
+def test_json_schema_yields_valid_json(server: VllmServer, key_env: str, field: str) -> None:
+    async def body() -> None:
+        async with engine_for(cfg(server.base, structured_outputs_field=field)) as engine:
+            for seed in range(4):
+                sampling = Sampling(max_tokens=200, temperature=1.0, seed=seed)
+                chunks = await collect(engine, image_request(sampling=sampling,
+                                                             json_schema=SCHEMA))
+                assert chunks[-1].finish_reason == FinishReason.STOP
+                check_schema(json.loads("".join(c.text_delta for c in chunks)))
+    run(body())
+
+
+@pytest.mark.engine
+def test_video_clip_is_sent_as_mp4_and_reaches_the_model(server: VllmServer,
+                                                         key_env: str) -> None:
+    frames = tuple(image(i, 96, 128) for i in range(8))
+    video = Video(frames, tuple(i / 4 for i in range(8)), 4.0)
+    request = ChatRequest(
+        request_id="clip",
+        messages=(Message("user", (ContentPart("video"), ContentPart("text", "What happens?"))),),
+        sampling=Sampling(max_tokens=8, seed=1),
+        video=video,
+    )
+
+    async def body() -> None:
+        async with engine_for(cfg(server.base)) as engine:
+            chunks = await collect(engine, request)
+            without = await collect(engine, text_request("What happens?"))
+            assert chunks[-1].finish_reason in (FinishReason.STOP, FinishReason.LENGTH)
+            assert chunks[-1].prompt_tokens is not None and without[-1].prompt_tokens
+            assert chunks[-1].prompt_tokens > without[-1].prompt_tokens + 20
+            assert engine._mp4_ok  # sent as a video, not as the frames fallback
+    run(body())
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("how", ["aclose", "task_cancel", "abort"])
+def test_cancel_stops_the_request_on_the_server(server: VllmServer, key_env: str,
+                                                how: str) -> None:
+    async def body() -> None:
+        async with engine_for(cfg(server.base)) as engine:
+            await wait_idle(server.root, 30)
+            tokens_before = await generated_tokens(server.root)
+            request = long_request()
+            received: list[Chunk] = []
+            gen = engine.stream(request)
+            t_start = time.monotonic()
+            if how == "aclose":
+                async for c in gen:
+                    received.append(c)
+                    if len(received) == 30:
+                        break
+                task = None
+            else:
+                first = asyncio.Event()
+
+                async def consume() -> None:
+                    async for c in gen:
+                        received.append(c)
+                        if len(received) == 30:
+                            first.set()
+
+                task = asyncio.create_task(consume())
+                await asyncio.wait_for(first.wait(), 120)
+            rate = len(received) / (time.monotonic() - t_start)  # tokens/s, prefill included
+            assert await running_requests(server.root) == 1
+            t_cancel = time.monotonic()
+            if how == "aclose":
+                await gen.aclose()
+            elif how == "task_cancel":
+                assert task is not None
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            else:
+                assert task is not None
+                await engine.abort(request.request_id)
+                await asyncio.wait_for(task, 30)
+                assert received[-1].finish_reason == FinishReason.CANCELLED
+            idle_after = await wait_idle(server.root, 60)
+            remaining = (1800 - len(received)) / rate  # how long the request had left
+            print(f"\n{how}: server idle {idle_after:.2f}s after cancel "
+                  f"(request had ~{remaining:.1f}s left)")
+            # The server stopped generating: far fewer than the request's 1800 tokens were
+            # made (a request left running would reach all 1800: ignore_eos).
+            made = await generated_tokens(server.root) - tokens_before
+            print(f"{how}: {made:.0f} of 1800 tokens generated")
+            assert made < 0.8 * 1800
+            assert time.monotonic() - t_cancel < max(10.0, 0.5 * remaining)
+            assert (await engine.health()).running_requests == 0
+    run(body())
+
+
+@pytest.mark.engine
+def test_one_endpoint_down_requests_go_to_the_other(server: VllmServer, key_env: str) -> None:
+    dead = f"http://127.0.0.1:{free_port()}/v1"
+
+    async def body() -> None:
+        async with engine_for(cfg(dead, server.base)) as engine:
+            health = await engine.health()
+            assert health.state == EngineState.DEGRADED and dead in health.detail
+            for _ in range(3):
+                chunks = await collect(engine, image_request(max_tokens=4))
+                assert chunks[-1].finish_reason in (FinishReason.STOP, FinishReason.LENGTH)
+            # (the warm-up request counts too)
+            assert engine._endpoints[0].served == 0 and engine._endpoints[1].served >= 3
+    run(body())
+
+
+@pytest.mark.engine
+def test_unprobed_dead_endpoint_fails_over_on_connection_refused(server: VllmServer,
+                                                                 key_env: str) -> None:
+    dead = f"http://127.0.0.1:{free_port()}/v1"
+
+    async def body() -> None:
+        engine = OpenAIServerEngine(cfg(dead, server.base, model="tiny", health_period_s=60))
+        try:
+            # No start(): the first request races the first health probe, so the dead
+            # endpoint may still be "unknown" and be tried; it must fail over either way.
+            chunks = await collect(engine, image_request(max_tokens=4))
+            assert chunks[-1].finish_reason in (FinishReason.STOP, FinishReason.LENGTH)
+            assert engine._endpoints[0].up is False
+        finally:
+            await engine.close()
+    run(body())
+
+
+def test_all_endpoints_down_fails_fast() -> None:
+    dead = [f"http://127.0.0.1:{free_port()}/v1" for _ in range(2)]
+
+    async def body() -> None:
+        engine = OpenAIServerEngine(cfg(*dead, start_timeout_s=1.0))
+        try:
+            with pytest.raises(EngineUnavailableError, match="no endpoint became healthy"):
+                await engine.start()
+            assert (await engine.health()).state == EngineState.UNAVAILABLE
+            t0 = time.monotonic()
+            with pytest.raises(EngineUnavailableError) as info:
+                await collect(engine, image_request())
+            took = time.monotonic() - t0
+            assert all(d in str(info.value) for d in dead)
+            assert took < engine.config.connect_timeout_s  # no waiting on dead servers
+        finally:
+            await engine.close()
+        assert (await engine.health()).state == EngineState.CLOSED
+    run(body())
+
+
+@pytest.mark.engine
+def test_api_key_never_appears_in_logs_reprs_or_errors(
+    server: VllmServer, key_env: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    dead = f"http://127.0.0.1:{free_port()}/v1"
+    errors: list[str] = []
+
+    async def body() -> None:
+        config = cfg(dead, server.base)
+        async with engine_for(config) as engine:
+            await collect(engine, image_request(max_tokens=4))
+            errors.extend([repr(config), str(config), repr(engine), str(await engine.health())])
+            for bad in (text_request("x " * 3000), text_request(temperature=-1.0)):
+                with pytest.raises(CosmosReasonError) as info:
+                    await collect(engine, bad)
+                errors.append(str(info.value))
+        async with engine_for(cfg(dead, start_timeout_s=0.5), start=False) as engine:
+            with pytest.raises(EngineUnavailableError) as info:
+                await engine.start()
+            errors.append(str(info.value))
+
+    run(body())
+    assert any("maximum context length" in e for e in errors)  # the errors were real ones
+    assert len(caplog.records) > 3
+    for text in [caplog.text, *errors, *(str(r.args) for r in caplog.records)]:
+        assert SECRET not in text
+
+
+@pytest.mark.engine
+def test_missing_or_wrong_key_is_a_clear_engine_unavailable_error(
+    server: VllmServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    wrong = f"sk-wrong-{uuid.uuid4().hex}"
+    monkeypatch.setenv(KEY_ENV, wrong)
+
+    async def body() -> None:
+        # The model name comes from GET /v1/models, which needs the key too.
+        engine = OpenAIServerEngine(cfg(server.base))
+        try:
+            with pytest.raises(EngineUnavailableError) as info:
+                await engine.start()
+            assert "API key rejected" in str(info.value) and KEY_ENV in str(info.value)
+            assert wrong not in str(info.value)
+        finally:
+            await engine.close()
+        async with engine_for(cfg(server.base, model="tiny", api_key_env=""),
+                              start=False) as engine:
+            with pytest.raises(EngineUnavailableError, match="HTTP 401.*api_key_env"):
+                await collect(engine, image_request(max_tokens=2))
+
+    run(body())
+
+
+@pytest.mark.engine
+def test_server_up_late_is_used_then_sigkill_mid_stream_is_unavailable(
+    tiny_qwen3_vl: Path,
+) -> None:
+    """One server start serves both behaviours (each start costs ~1 min on 2 cores)."""
+    port = free_port()
+    base = f"http://127.0.0.1:{port}/v1"
+    holder: dict[str, VllmServer] = {}
+
+    async def body() -> None:
+        engine = OpenAIServerEngine(cfg(base, api_key_env="", start_timeout_s=1.0))
+        try:
+            with pytest.raises(EngineUnavailableError):
+                await engine.start()  # nothing listens yet
+            with pytest.raises(EngineUnavailableError):
+                await collect(engine, image_request())
+            srv = holder["srv"] = VllmServer(tiny_qwen3_vl, port)
+            startup = await asyncio.to_thread(srv.wait_healthy)
+            print(f"\nsecond vllm server healthy after {startup:.1f}s")
+            for _ in range(200):  # the engine's own health loop notices the server
+                if (await engine.health()).state == EngineState.READY:
+                    break
+                await asyncio.sleep(0.1)
+            assert (await engine.health()).state == EngineState.READY
+            chunks = await collect(engine, image_request(max_tokens=4))
+            assert chunks[-1].finish_reason in (FinishReason.STOP, FinishReason.LENGTH)
+            assert engine.model_name == "tiny"
+
+            received = 0
+            t_kill = 0.0
+            with pytest.raises(EngineUnavailableError) as info:
+                async for _ in engine.stream(long_request()):
+                    received += 1
+                    if received == 20:
+                        t_kill = time.monotonic()
+                        srv.kill(signal.SIGKILL)
+            took = time.monotonic() - t_kill
+            print(f"SIGKILL mid-stream -> {type(info.value).__name__} after {took:.2f}s: "
+                  f"{info.value}")
+            assert received >= 20 and took < 2.0
+            assert (await engine.health()).state == EngineState.UNAVAILABLE
+        finally:
+            await engine.close()
+
+    try:
+        run(body())
+    finally:
+        if "srv" in holder:
+            holder["srv"].stop()

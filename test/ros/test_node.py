@@ -1,0 +1,278 @@
+"""The node as its own process, with real rclpy over DDS and the real vLLM engine (tiny model).
+
+One node process serves the whole module (engine start-up is the slow part); tests run in file
+order where the camera state matters (the first test runs before any frame is published).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import numpy as np
+import pytest
+
+rclpy = pytest.importorskip("rclpy", reason="needs the ROS 2 wheels (make setup)")
+from node_process import NodeProcess, rgb_image_msg, scene  # noqa: E402
+from rclpy.executors import MultiThreadedExecutor  # noqa: E402
+from rclpy.qos import qos_profile_sensor_data  # noqa: E402
+from sensor_msgs.msg import Image  # noqa: E402
+
+from cosmos_reason_interfaces.action import Reason  # noqa: E402
+from cosmos_reason_interfaces.msg import ReasoningResult  # noqa: E402
+from cosmos_reason_ros.client import ReasonClient  # noqa: E402
+from cosmos_reason_ros.core.types import ErrorCode  # noqa: E402
+
+pytestmark = [pytest.mark.ros, pytest.mark.engine, pytest.mark.slow]
+
+Goal = Reason.Goal
+# Forces a long answer under constrained decoding (random weights stop only when made to).
+LONG_SCHEMA = json.dumps({"type": "object", "properties": {"text": {
+    "type": "string", "minLength": 600, "maxLength": 600}}, "required": ["text"],
+    "additionalProperties": False})
+
+
+@pytest.fixture(scope="module")
+def node(tiny_qwen3_vl):
+    proc = NodeProcess("cpu_demo", {"engine.model": str(tiny_qwen3_vl),
+                                    "limits.max_concurrent_goals": 8,
+                                    "limits.max_queued_goals": 4,
+                                    "image.wait_s": 0.5})
+    proc.wait_ready()
+    yield proc
+    code = proc.stop()
+    assert code == 0, proc.output[-3000:]
+
+
+@pytest.fixture(scope="module")
+def io(node):
+    """A test-side node: camera publisher, results subscriber, action client."""
+    context = rclpy.context.Context()
+    rclpy.init(context=context)
+    test_node = rclpy.create_node("node_test_io", context=context)
+    executor = MultiThreadedExecutor(context=context)
+    executor.add_node(test_node)
+    spin = threading.Thread(target=executor.spin, daemon=True)
+    spin.start()
+
+    class IO:
+        pass
+
+    io = IO()
+    io.node = test_node
+    io.camera = test_node.create_publisher(Image, "/image", qos_profile_sensor_data)
+    io.results: list[ReasoningResult] = []
+    io.results_cond = threading.Condition()
+
+    def on_result(msg):
+        with io.results_cond:
+            io.results.append(msg)
+            io.results_cond.notify_all()
+
+    test_node.create_subscription(ReasoningResult, "/cosmos_reason/results", on_result, 50)
+    io.client = ReasonClient(node=test_node)
+    assert io.client.wait_for_server(30.0)
+
+    def publish(width=640, height=480, stamp_ns=None, seed=0):
+        now = test_node.get_clock().now().nanoseconds
+        io.camera.publish(rgb_image_msg(scene(width, height, seed), stamp_ns or now))
+
+    def publish_until_received(width=640, height=480):
+        # Best-effort QoS: publish until a goal on the latest frame can see one.
+        for _ in range(50):
+            publish(width, height)
+            time.sleep(0.05)
+
+    io.publish = publish
+    io.publish_until_received = publish_until_received
+    yield io
+    executor.shutdown()
+    test_node.destroy_node()
+    rclpy.try_shutdown(context=context)
+
+
+def test_no_image_yet_gives_no_image_within_the_wait(io):
+    t0 = time.monotonic()
+    result = io.client.ask("What do you see?", max_tokens=8)
+    assert result.status == "aborted"
+    assert result.error_code is ErrorCode.NO_IMAGE, result.error_message
+    assert "no image received" in result.error_message
+    assert time.monotonic() - t0 < 10.0  # image.wait_s=0.5 plus round trips
+
+
+def test_free_form_question_on_latest_frame_has_source_header(io):
+    io.publish_until_received(640, 480)
+    result = io.client.ask("What is on the table?", max_tokens=16)
+    assert result.ok, result.error_message
+    msg = result.message
+    assert msg.raw_text and msg.output_tokens > 0 and msg.prompt_tokens > 0
+    assert msg.header.frame_id == "camera"
+    assert len(msg.frame_stamps) == 1 and msg.frame_stamps[0] == msg.header.stamp
+    assert (msg.image_width, msg.image_height) == (640, 480)
+    assert msg.finish_reason in ("stop", "length")
+    assert msg.total_s >= msg.time_to_first_token_s > 0
+
+
+def test_grounding_boxes_are_inside_the_original_image(io):
+    io.publish_until_received(1280, 720)
+    # The task's own schema allows "[]" (nothing found); this one demands at least one box.
+    schema = json.dumps({"type": "array", "minItems": 1, "maxItems": 3, "items": {
+        "type": "object", "required": ["bbox_2d", "label"], "additionalProperties": False,
+        "properties": {
+            "bbox_2d": {"type": "array", "minItems": 4, "maxItems": 4,
+                        "items": {"type": "integer", "minimum": 0, "maximum": 1000}},
+            "label": {"enum": ["red cup", "box"]}}}})
+    result = io.client.ground(["red cup", "box"], max_tokens=200, response_schema=schema)
+    assert result.ok, result.error_message
+    msg = result.message
+    assert (msg.image_width, msg.image_height) == (1280, 720)
+    assert (msg.input_width, msg.input_height) != (1280, 720)  # the model saw a smaller image
+    assert "json" in msg.parsed, msg.parse_problems
+    assert result.boxes, f"schema-constrained grounding returned no boxes: {msg.raw_text!r}"
+    for box in result.boxes:
+        assert 0 <= box.x_min <= box.x_max <= 1280 and 0 <= box.y_min <= box.y_max <= 720
+        assert box.label in ("red cup", "box")
+
+
+def test_image_carried_in_the_goal(io):
+    rgb = scene(320, 240, seed=3)
+    image = rgb_image_msg(rgb, 123_000_000_000, "goal_cam")
+    result = io.client.run(io.client.goal("Describe it.", source=Goal.SOURCE_GOAL_IMAGE,
+                                          image=image, max_tokens=8))
+    assert result.ok, result.error_message
+    assert result.message.header.frame_id == "goal_cam"
+    assert result.message.header.stamp.sec == 123
+    assert (result.message.image_width, result.message.image_height) == (320, 240)
+
+
+def test_next_frame_waits_for_a_frame_after_acceptance(io):
+    io.publish_until_received()
+    old_stamp = io.node.get_clock().now().nanoseconds - 5 * 10**9
+    io.publish(stamp_ns=old_stamp)  # the latest frame before the goal
+    handle = io.client.submit(io.client.goal("What changed?", source=Goal.SOURCE_NEXT,
+                                             wait_for_image_s=5.0, max_tokens=8))
+    time.sleep(0.5)
+    fresh_stamp = io.node.get_clock().now().nanoseconds
+    for _ in range(20):
+        io.publish(stamp_ns=fresh_stamp)
+        time.sleep(0.05)
+    result = handle.result(60)
+    assert result.ok, result.error_message
+    stamp = result.message.header.stamp
+    assert stamp.sec * 10**9 + stamp.nanosec == fresh_stamp
+
+
+def test_next_frame_times_out_with_no_image(io):
+    result = io.client.run(io.client.goal("q", source=Goal.SOURCE_NEXT, wait_for_image_s=0.3,
+                                          max_tokens=4))
+    assert result.error_code is ErrorCode.NO_IMAGE and "no new frame" in result.error_message
+
+
+def test_stale_latest_frame_gives_image_too_old(io):
+    stale = io.node.get_clock().now().nanoseconds - 30 * 10**9
+    for _ in range(20):
+        io.publish(stamp_ns=stale)
+        time.sleep(0.02)
+    result = io.client.ask("q", max_image_age_s=1.0, max_tokens=4)
+    assert result.error_code is ErrorCode.IMAGE_TOO_OLD, result.error_message
+    assert "max_image_age_s=1" in result.error_message
+
+
+def test_bad_request_fields_are_reported_and_node_keeps_serving(io):
+    io.publish_until_received()
+    bad = io.client.run(io.client.goal("", task="ground"))
+    assert bad.error_code is ErrorCode.BAD_REQUEST and "targets" in bad.error_message
+    bad = io.client.run(io.client.goal("q", task="dance"))
+    assert bad.error_code is ErrorCode.BAD_REQUEST and "dance" in bad.error_message
+    bad = io.client.run(io.client.goal("q", source=Goal.SOURCE_GOAL_IMAGE))
+    assert bad.error_code is ErrorCode.BAD_REQUEST and "exactly one" in bad.error_message
+    assert io.client.ask("still there?", max_tokens=4).ok
+
+
+def test_cancel_mid_stream_ends_canceled_and_engine_serves_next(io):
+    io.publish_until_received()
+    generating = threading.Event()
+
+    def on_feedback(fb):
+        if fb.stage == Reason.Feedback.STAGE_GENERATING and fb.output_tokens > 0:
+            generating.set()
+
+    handle = io.client.submit(io.client.goal("Write a lot.", response_schema=LONG_SCHEMA,
+                                             max_tokens=512), on_feedback)
+    assert generating.wait(60), "no generation feedback"
+    handle.cancel()
+    result = handle.result(30)
+    assert result.status == "canceled", (result.status, result.error_message)
+    assert result.error_code is ErrorCode.CANCELLED
+    assert result.message.finish_reason == "cancelled"
+    assert io.client.ask("next?", max_tokens=4).ok
+
+
+def test_eight_concurrent_goals_all_succeed(io):
+    io.publish_until_received()
+    handles = [io.client.submit(io.client.goal(f"Question {i}?", max_tokens=16))
+               for i in range(8)]
+    results = [h.result(120) for h in handles]
+    assert all(r.ok for r in results), [r.error_message for r in results if not r.ok]
+    assert len({r.message.goal_id for r in results}) == 8
+
+
+def test_goals_beyond_the_bounds_are_overloaded(io):
+    io.publish_until_received()
+    handles = [io.client.submit(io.client.goal("Long", response_schema=LONG_SCHEMA,
+                                               max_tokens=512)) for _ in range(20)]
+    results = [h.result(300) for h in handles]
+    codes = [r.error_code for r in results]
+    assert codes.count(ErrorCode.OVERLOADED) >= 20 - 12, codes  # 8 running + 4 queued
+    assert all(c in (ErrorCode.OK, ErrorCode.OVERLOADED) for c in codes), codes
+    overloaded = next(r for r in results if r.error_code is ErrorCode.OVERLOADED)
+    assert "max_concurrent_goals=8" in overloaded.error_message
+    assert io.client.ask("after the burst?", max_tokens=4).ok
+
+
+def test_results_topic_carries_every_action_result(io):
+    io.publish_until_received()
+    results = [io.client.ask(f"q{i}", max_tokens=4) for i in range(3)]
+    results.append(io.client.run(io.client.goal("", task="ground")))  # a failure, too
+    wanted = {r.message.goal_id: r.message for r in results}
+    deadline = time.monotonic() + 10
+    with io.results_cond:
+        while time.monotonic() < deadline:
+            published = {m.goal_id: m for m in io.results if m.goal_id in wanted}
+            if len(published) == len(wanted):
+                break
+            io.results_cond.wait(0.2)
+    assert published.keys() == wanted.keys()
+    for goal_id, msg in wanted.items():
+        assert published[goal_id] == msg
+
+
+def test_bad_parameter_stops_the_node_with_a_message(tiny_qwen3_vl):
+    proc = NodeProcess("cpu_demo", {"engine.model": str(tiny_qwen3_vl),
+                                    "limits.max_concurrent_goals": 0})
+    try:
+        assert proc.proc.wait(60) == 2
+    finally:
+        proc.stop()
+    assert "limits.max_concurrent_goals=0" in proc.output
+    assert "allowed: >= 1" in proc.output
+
+
+def test_sigterm_exits_cleanly_within_5_s(tiny_qwen3_vl):
+    proc = NodeProcess("cpu_demo", {"engine.model": str(tiny_qwen3_vl)})
+    proc.wait_ready()
+    t0 = time.monotonic()
+    code = proc.stop(timeout_s=5.0)
+    assert code == 0, proc.output[-2000:]
+    assert time.monotonic() - t0 < 5.0
+    assert "shut down cleanly" in proc.output
+
+
+def test_image_arrays_survive_exactly(io):
+    # The ros-side copy of an rgb8 frame must reach the model unchanged (no channel swap).
+    rgb = np.zeros((64, 64, 3), np.uint8)
+    rgb[..., 0] = 255
+    result = io.client.run(io.client.goal("colour?", source=Goal.SOURCE_GOAL_IMAGE,
+                                          image=rgb_image_msg(rgb, 1), max_tokens=4))
+    assert result.ok, result.error_message
