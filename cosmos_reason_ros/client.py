@@ -9,8 +9,10 @@
         handle.cancel()
 
 Blocking calls take ``timeout_s``; ``*_async`` variants return ``concurrent.futures.Future``s
-(``asyncio.wrap_future`` makes them awaitable). Works with an existing node too:
-``ReasonClient(node=my_node)`` when the caller already spins it.
+(``asyncio.wrap_future`` makes them awaitable). The client owns a small node and the one
+thread that spins it; goals are sent from that thread too, because rclpy's ActionClient is not
+safe against a goal response being processed while another thread is still sending (Kilted's
+``send_goal_async`` can then lose the response and the goal's future never completes).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from action_msgs.msg import GoalStatus
 from rclpy.action import ActionClient
 from rclpy.executors import SingleThreadedExecutor
 from rclpy.node import Node
+from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
 
 from cosmos_reason_interfaces.action import Reason
 from cosmos_reason_interfaces.msg import ReasoningResult
@@ -110,40 +113,39 @@ class GoalHandle:
 class ReasonClient:
     """Action client for ``~/reason`` with typed helpers for the common tasks."""
 
-    def __init__(self, node: Node | None = None, action_name: str = DEFAULT_ACTION,
-                 context: Any = None) -> None:
-        """Use ``node`` (spun by the caller) or create and spin a private node."""
-        self._own = node is None
-        self._executor: SingleThreadedExecutor | None = None
-        self._thread: threading.Thread | None = None
-        if node is None:
-            if context is None and not rclpy.ok():
-                rclpy.init()
-            node = rclpy.create_node("cosmos_reason_client", context=context)
-            self._executor = SingleThreadedExecutor(context=node.context)
-            self._executor.add_node(node)
-            self._thread = threading.Thread(target=self._spin, daemon=True)
-            self._thread.start()
-        self.node = node
-        self._client = ActionClient(node, Reason, action_name)
+    def __init__(self, action_name: str = DEFAULT_ACTION, context: Any = None,
+                 node_name: str = "cosmos_reason_client") -> None:
+        """Create a private node in ``context`` (default: the global one) and spin it."""
+        if context is None and not rclpy.ok():
+            rclpy.init()
+        self.node: Node = rclpy.create_node(node_name, context=context)
+        # Deep request queues, like the node's: the default (10) drops bursts of goals.
+        requests_qos = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=256,
+                                  reliability=ReliabilityPolicy.RELIABLE)
+        self._client = ActionClient(self.node, Reason, action_name,
+                                    goal_service_qos_profile=requests_qos,
+                                    result_service_qos_profile=requests_qos,
+                                    cancel_service_qos_profile=requests_qos)
+        self._executor = SingleThreadedExecutor(context=self.node.context)
+        self._executor.add_node(self.node)
+        self._running = True
+        self._thread = threading.Thread(target=self._spin, daemon=True)
+        self._thread.start()
 
     def _spin(self) -> None:
-        assert self._executor is not None
-        while self.node.context.ok():
+        while self._running and self.node.context.ok():
             try:
                 self._executor.spin_once(timeout_sec=0.1)
             except Exception:  # noqa: BLE001 - context shut down under us: stop spinning
                 break
 
     def close(self) -> None:
-        """Destroy the private node and stop its spin thread."""
+        """Stop the spin thread and destroy the private node."""
+        self._running = False
+        self._thread.join(timeout=2.0)
         self._client.destroy()
-        if self._own:
-            assert self._executor is not None and self._thread is not None
-            self._executor.shutdown(timeout_sec=1.0)
-            self.node.destroy_node()
-            # Stop spinning before the thread is joined; the context stays up for others.
-            self._thread.join(timeout=2.0)
+        self._executor.shutdown(timeout_sec=1.0)
+        self.node.destroy_node()
 
     def __enter__(self) -> ReasonClient:
         """Context manager: ``close()`` on exit."""
@@ -184,15 +186,23 @@ class ReasonClient:
                 future.set_exception(e)
                 return
             if not ros_handle.accepted:
+                # The node rejects only when its goal bounds are full (or it is stopping).
                 msg = ReasoningResult(error_code=ErrorCode.OVERLOADED.value,
-                                      error_message="goal rejected by the node (shutting down)")
+                                      error_message="goal rejected by the node: too many goals "
+                                      "running and queued (limits.max_concurrent_goals + "
+                                      "limits.max_queued_goals), or shutting down")
                 future.set_result(ReasonResult.from_message("rejected", msg))
                 return
             handle._attach(ros_handle)
             ros_handle.get_result_async().add_done_callback(on_result)
 
         feedback = (lambda m: on_feedback(m.feedback)) if on_feedback else None
-        self._client.send_goal_async(goal, feedback_callback=feedback).add_done_callback(on_goal)
+
+        def send() -> None:  # runs on the spin thread (see the module docstring)
+            self._client.send_goal_async(goal, feedback_callback=feedback).add_done_callback(
+                on_goal)
+
+        self._executor.create_task(send)
         return handle
 
     def run(self, goal: Reason.Goal, timeout_s: float | None = 120.0,

@@ -56,6 +56,7 @@ from cosmos_reason_ros.ros.config import ConfigError, declare_and_load, engine_o
 NODE_NAME = "cosmos_reason"
 _CANCEL_GRACE_S = 5.0  # how long a cancelled request may take to end in the engine
 _POLL_S = 0.05  # goal threads re-check cancel/timeout at least this often
+ACTION_QUEUE_DEPTH = 256  # goal/result/cancel requests buffered per action service
 Goal = Reason.Goal
 Feedback = Reason.Feedback
 
@@ -114,9 +115,6 @@ class ReasonNode(Node):
         self._counters_lock = threading.Lock()
         self.counters = {"succeeded": 0, "aborted": 0, "canceled": 0, "rejected": 0}
         self._action_server: ActionServer | None = None
-        # Goals refused at admission (keyed by goal id); execute ends them with OVERLOADED.
-        self._refused: dict[bytes, OverloadedError] = {}
-        self._refused_lock = threading.Lock()
 
         self.results_pub = self.create_publisher(ReasoningResult, "~/results", 50)
         camera_qos = QoSProfile(
@@ -151,11 +149,15 @@ class ReasonNode(Node):
                 raise
             self.get_logger().warning(f"engine not ready at start ({e.message}); serving "
                                       f"goals with ENGINE_UNAVAILABLE until it is")
+        # The default service QoS keeps only 10 requests: a burst of goals beyond that is
+        # dropped by DDS before the node ever sees it (never answered, never rejected).
+        requests_qos = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=ACTION_QUEUE_DEPTH,
+                                  reliability=ReliabilityPolicy.RELIABLE)
         self._action_server = ActionServer(
             self, Reason, "~/reason", execute_callback=self._execute,
-            goal_callback=self._on_goal, handle_accepted_callback=self._on_accepted,
-            cancel_callback=lambda _: CancelResponse.ACCEPT,
-            callback_group=ReentrantCallbackGroup())
+            goal_callback=self._on_goal, cancel_callback=lambda _: CancelResponse.ACCEPT,
+            callback_group=ReentrantCallbackGroup(), goal_service_qos_profile=requests_qos,
+            result_service_qos_profile=requests_qos, cancel_service_qos_profile=requests_qos)
         self.get_logger().info(
             f"ready: model={self.runner.model_name} family={self.profile.key} "
             f"engine={p['engine.kind']} startup_s={time.monotonic() - t0:.1f} "
@@ -192,21 +194,24 @@ class ReasonNode(Node):
 
     # --- goals ---------------------------------------------------------------------------
 
-    def _on_goal(self, _goal: Goal) -> GoalResponse:
-        # Goals are accepted and then validated in execute, so every refusal reaches the
-        # client as a result with a specific error code and message (a plain REJECT cannot
-        # say why).
-        return GoalResponse.REJECT if self._stopping.is_set() else GoalResponse.ACCEPT
-
-    def _on_accepted(self, goal_handle: Any) -> None:
-        # Admission happens here, before the goal needs an executor thread of its own: a goal
-        # over the bounds is marked and its execute ends at once with OVERLOADED.
+    def _on_goal(self, goal: Goal) -> GoalResponse:
+        # Admission happens before acceptance so that a goal over the bounds never holds an
+        # executor thread. A ROS reject cannot carry a reason, so the refusal is also
+        # published on ~/results (code OVERLOADED) and logged; every other problem is
+        # reported in the goal's result with a specific code.
+        if self._stopping.is_set():
+            return GoalResponse.REJECT
         try:
             self.slots.admit()
         except OverloadedError as e:
-            with self._refused_lock:
-                self._refused[bytes(goal_handle.goal_id.uuid)] = e
-        goal_handle.execute()
+            self._count("rejected")
+            self.get_logger().warning(f"goal rejected: code=OVERLOADED message={e.message}")
+            msg = ReasoningResult(origin="goal", model=self.runner.model_name, task=goal.task,
+                                  prompt=goal.prompt)
+            messages.fill_error(msg, e)
+            self._publish_result(msg)
+            return GoalResponse.REJECT
+        return GoalResponse.ACCEPT
 
     def _count(self, outcome: str) -> None:
         with self._counters_lock:
@@ -218,12 +223,8 @@ class ReasonNode(Node):
         msg = ReasoningResult(goal_id=bytes(goal_handle.goal_id.uuid).hex(), origin="goal",
                               model=self.runner.model_name, task=goal.task, prompt=goal.prompt)
         holding_slot = False
-        with self._refused_lock:
-            refused = self._refused.pop(bytes(goal_handle.goal_id.uuid), None)
         timings: dict[str, float] = {}
         try:
-            if refused is not None:
-                raise refused
             deadline = t_accept + self._goal_timeout(goal)
             spec = query.make_spec(
                 self.profile, task=goal.task, prompt=goal.prompt, targets=list(goal.targets),
@@ -263,8 +264,7 @@ class ReasonNode(Node):
         finally:
             if holding_slot:
                 self.slots.release()
-            if refused is None:
-                self.slots.leave()
+            self.slots.leave()
         msg.queue_s = timings.get("queue_s", 0.0)
         msg.preprocess_s = timings.get("preprocess_s", 0.0)
         msg.time_to_first_token_s = timings.get("time_to_first_token_s", 0.0)

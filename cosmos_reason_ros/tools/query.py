@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     rclpy.init()
     try:
-        with ReasonClient(action_name=args.action) as client:
+        with ReasonClient(args.action) as client:
             if not client.wait_for_server(min(args.timeout, 30.0)):
                 print(f"query: no action server at {args.action}", file=sys.stderr)
                 return 1

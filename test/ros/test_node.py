@@ -71,7 +71,7 @@ def io(node):
             io.results_cond.notify_all()
 
     test_node.create_subscription(ReasoningResult, "/cosmos_reason/results", on_result, 50)
-    io.client = ReasonClient(node=test_node)
+    io.client = ReasonClient(context=context)
     assert io.client.wait_for_server(30.0)
 
     def publish(width=640, height=480, stamp_ns=None, seed=0):
@@ -87,6 +87,7 @@ def io(node):
     io.publish = publish
     io.publish_until_received = publish_until_received
     yield io
+    io.client.close()
     executor.shutdown()
     test_node.destroy_node()
     rclpy.try_shutdown(context=context)
@@ -218,7 +219,7 @@ def test_eight_concurrent_goals_all_succeed(io):
     assert len({r.message.goal_id for r in results}) == 8
 
 
-def test_goals_beyond_the_bounds_are_overloaded(io):
+def test_goals_beyond_the_bounds_are_overloaded(io, node):
     io.publish_until_received()
     handles = [io.client.submit(io.client.goal("Long", response_schema=LONG_SCHEMA,
                                                max_tokens=512)) for _ in range(20)]
@@ -227,7 +228,10 @@ def test_goals_beyond_the_bounds_are_overloaded(io):
     assert codes.count(ErrorCode.OVERLOADED) >= 20 - 12, codes  # 8 running + 4 queued
     assert all(c in (ErrorCode.OK, ErrorCode.OVERLOADED) for c in codes), codes
     overloaded = next(r for r in results if r.error_code is ErrorCode.OVERLOADED)
-    assert "max_concurrent_goals=8" in overloaded.error_message
+    assert overloaded.status == "rejected" and "max_concurrent_goals" in overloaded.error_message
+    # The refusal's reason is published on ~/results and in the node's log.
+    assert node.wait_for_line("code=OVERLOADED message=", 10)
+    assert "max_concurrent_goals=8" in node.output
     assert io.client.ask("after the burst?", max_tokens=4).ok
 
 
