@@ -24,6 +24,7 @@ setup(
         "console_scripts": [
             "cosmos_reason_node = cosmos_reason_ros.ros.node:main",
             "query = cosmos_reason_ros.tools.query:main",
+            "demo = cosmos_reason_ros.tools.demo:main",
             "tiny_model = cosmos_reason_ros.tools.tiny_model:main",
         ],
     },
