@@ -30,8 +30,9 @@ if ! stamp_ok "$VENV/.deps-stamp" "$deps_hash"; then
   log "installing pinned wheels from $(basename "$LOCK") (first time: ~3 min, ~4 GB)"
   # The ROS wheels' bootstrapper re-executes Python to set LD_LIBRARY_PATH; a parent venv's
   # settings must not leak into this one.
+  # (The grep hides pip's notes about this machine's empty extra index folders.)
   env -u LD_LIBRARY_PATH -u _ROS_WHEELS_BOOTSTRAP_COMPLETE "$VENV/bin/pip" install -q \
-    --disable-pip-version-check -r "$LOCK"
+    --disable-pip-version-check -r "$LOCK" 2>&1 | { grep -v "^WARNING: Location" || true; }
   # torchaudio/torchcodec from PyPI are CUDA builds that cannot load next to CPU torch
   # (transformers would import them and crash); image/video VLMs do not need them.
   env -u LD_LIBRARY_PATH "$VENV/bin/pip" uninstall -q -y torchaudio torchcodec 2>/dev/null || true
