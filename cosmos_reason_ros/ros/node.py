@@ -280,8 +280,8 @@ class ReasonNode(Node):
         return timeout or self.params["limits.goal_timeout_s"]
 
     def _check_source(self, goal: Goal) -> None:
-        has_image = bool(goal.image.data) or goal.image.width or goal.image.height
-        has_compressed = bool(goal.compressed_image.data)
+        has_image = bool(goal.image.data) or goal.image.width > 0 or goal.image.height > 0
+        has_compressed = len(goal.compressed_image.data) > 0
         if goal.source == Goal.SOURCE_GOAL_IMAGE:
             if has_image == has_compressed:
                 raise BadRequestError("source=SOURCE_GOAL_IMAGE needs exactly one of image and "
@@ -320,10 +320,8 @@ class ReasonNode(Node):
     def _acquire_media(self, goal: Goal, goal_handle: Any, deadline: float,
                        t_accept: float) -> _Media:
         if goal.source == Goal.SOURCE_GOAL_IMAGE:
-            if goal.compressed_image.data:
-                rgb = imaging.compressed_to_rgb(goal.compressed_image.format,
-                                                bytes(goal.compressed_image.data),
-                                                self.params["image.max_pixels"])
+            if len(goal.compressed_image.data) > 0:
+                rgb = self._compressed_to_rgb(goal.compressed_image)
                 header = goal.compressed_image.header
             else:
                 rgb = self._image_to_rgb(goal.image)
@@ -331,14 +329,13 @@ class ReasonNode(Node):
             prepared = query.prepare_image(self.profile, rgb, self.limits)
             return _Media(prepared, header, [messages.stamp_to_ns(header.stamp)])
         if goal.source == Goal.SOURCE_CLIP:
-            raise BadRequestError("source=SOURCE_CLIP is not available in this build")
+            return self._acquire_clip(goal)
         self._feedback(goal_handle, Feedback.STAGE_WAITING_FOR_IMAGE, t_accept)
         frame = self._pick_frame(goal, goal_handle, deadline, t_accept)
         message = self._deserialize(frame)
         if frame.payload.compressed:
-            rgb = imaging.compressed_to_rgb(message.format, bytes(message.data),
-                                            self.params["image.max_pixels"])
-            prepared = query.prepare_image(self.profile, rgb, self.limits)
+            prepared = query.prepare_image(self.profile, self._compressed_to_rgb(message),
+                                           self.limits)
         else:
             size = query.input_size(self.profile, message.width, message.height, self.limits) \
                 if message.width and message.height else None
@@ -346,6 +343,28 @@ class ReasonNode(Node):
             prepared = query.prepare_image(self.profile, rgb, self.limits,
                                            original_size=(message.width, message.height))
         return _Media(prepared, message.header, [frame.stamp_ns])
+
+    def _acquire_clip(self, goal: Goal) -> _Media:
+        p = self.params
+        duration = float(goal.clip_duration_s) or p["image.clip_duration_s"]
+        fps = float(goal.clip_fps) or p["image.clip_fps"]
+        if duration > p["limits.max_clip_duration_s"]:
+            raise BadRequestError(f"clip_duration_s={duration:g} exceeds "
+                                  f"limits.max_clip_duration_s={p['limits.max_clip_duration_s']:g}")
+        if fps > 30.0:
+            raise BadRequestError(f"clip_fps={fps:g}: allowed 0 (default {p['image.clip_fps']:g})"
+                                  f" up to 30")
+        frames = self.history.clip(duration, fps, max_frames=p["limits.max_clip_frames"])
+        if len(frames) < 2:
+            raise NoImageError(f"a {duration:g} s clip at {fps:g} fps needs at least 2 frames; "
+                               f"the history holds {len(self.history)} (camera: "
+                               f"{self._image_topics()})")
+        decoded = [self._deserialize(f) for f in frames]
+        rgbs = [self._compressed_to_rgb(m) if f.payload.compressed else self._image_to_rgb(m)
+                for f, m in zip(frames, decoded, strict=True)]
+        stamps = [f.stamp_ns for f in frames]
+        prepared = query.prepare_clip(self.profile, rgbs, stamps, fps, self.limits)
+        return _Media(prepared, decoded[-1].header, stamps)
 
     def _pick_frame(self, goal: Goal, goal_handle: Any, deadline: float,
                     t_accept: float) -> StoredFrame[RawFrame]:
@@ -395,6 +414,10 @@ class ReasonNode(Node):
         except Exception as e:  # noqa: BLE001 - malformed bytes from the wire
             raise BadImageError(f"could not deserialize the {kind.__name__} message: {e}") \
                 from e
+
+    def _compressed_to_rgb(self, msg: CompressedImage) -> Any:
+        return imaging.compressed_to_rgb(msg.format, bytes(msg.data),
+                                         self.params["image.max_pixels"])
 
     def _image_to_rgb(self, msg: Image, size: tuple[int, int] | None = None) -> Any:
         return imaging.image_to_rgb(msg.width, msg.height, msg.encoding, bool(msg.is_bigendian),

@@ -100,6 +100,9 @@ def test_no_image_yet_gives_no_image_within_the_wait(io):
     assert result.error_code is ErrorCode.NO_IMAGE, result.error_message
     assert "no image received" in result.error_message
     assert time.monotonic() - t0 < 10.0  # image.wait_s=0.5 plus round trips
+    clip = io.client.run(io.client.goal("What happens?", source=Goal.SOURCE_CLIP))
+    assert clip.error_code is ErrorCode.NO_IMAGE
+    assert "needs at least 2 frames" in clip.error_message
 
 
 def test_free_form_question_on_latest_frame_has_source_header(io):
@@ -280,3 +283,30 @@ def test_image_arrays_survive_exactly(io):
     result = io.client.run(io.client.goal("colour?", source=Goal.SOURCE_GOAL_IMAGE,
                                           image=rgb_image_msg(rgb, 1), max_tokens=4))
     assert result.ok, result.error_message
+
+
+def test_clip_of_3_s_at_4_fps_from_a_15_hz_stream_uses_12_frames(io):
+    t0 = io.node.get_clock().now().nanoseconds
+    period = 10**9 // 15
+    stamps = [t0 + i * period for i in range(15 * 4)]  # 4 s of stream
+    for i, stamp in enumerate(stamps):
+        io.publish(320, 240, stamp_ns=stamp, seed=i % 5)
+        time.sleep(1 / 60)  # faster than real time; the stamps carry the 15 Hz timing
+    result = io.client.run(io.client.goal("What happens?", source=Goal.SOURCE_CLIP,
+                                          clip_duration_s=3.0, clip_fps=4.0, max_tokens=8,
+                                          max_image_age_s=60.0))
+    assert result.ok, result.error_message
+    used = [s.sec * 10**9 + s.nanosec for s in result.message.frame_stamps]
+    assert len(used) == 12, used
+    assert used == sorted(set(used))
+    assert used[-1] == stamps[-1]  # the clip ends at the newest frame
+    assert all(u in stamps for u in used)
+    gaps = np.diff(used) / 1e9
+    assert np.allclose(gaps, 0.25, atol=1 / 15)  # 4 fps, nearest 15 Hz frames
+
+
+def test_clip_longer_than_the_limit_is_a_bad_request(io):
+    too_long = io.client.run(io.client.goal("q", source=Goal.SOURCE_CLIP,
+                                            clip_duration_s=1000.0))
+    assert too_long.error_code is ErrorCode.BAD_REQUEST
+    assert "limits.max_clip_duration_s" in too_long.error_message
