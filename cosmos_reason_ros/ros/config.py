@@ -100,6 +100,8 @@ PARAMS: tuple[Param, ...] = (
           _range(0.1, 3600)),
     Param("engine.start_timeout_s", 600.0, "Max time to load and warm up the engine.",
           _range(1, 7200)),
+    Param("engine.shutdown_timeout_s", 2.0, "vllm: how long the engine process may take to "
+          "exit on shutdown before it is killed.", _range(0, 600)),
     Param("engine.constrains_after_reasoning", False, "The engine applies JSON schemas only "
           "after </think> (server started with --reasoning-parser); otherwise schemas are "
           "skipped for reasoning goals."),
@@ -222,6 +224,7 @@ def engine_options(values: Mapping[str, Any]) -> dict[str, Any]:
         "extra_engine_args": extra,
         "warmup_image_width": values["engine.warmup_width"],
         "warmup_image_height": values["engine.warmup_height"],
+        "shutdown_timeout_s": values["engine.shutdown_timeout_s"],
     }
 
 
