@@ -31,6 +31,9 @@ GROUPS = {
     "model": "Model conventions and the image size the model sees.",
     "image": "Camera input and the frame history.",
     "limits": "Bounds on goals: concurrency, queue, sizes and time.",
+    "periodic": "Periodic monitoring: a prompt run on the latest frame every period_s, "
+                "published on ~/results (skipped while goals or the previous run are busy).",
+    "diagnostics": "/diagnostics publishing and the camera-silence thresholds.",
 }
 
 HEADER = """\

@@ -146,6 +146,22 @@ PARAMS: tuple[Param, ...] = (
           _range(0.1, 3600)),
     Param("limits.feedback_rate_hz", 10.0, "Max feedback messages per second per goal.",
           _range(0.1, 1000)),
+    # --- periodic.* ----------------------------------------------------------------------
+    Param("periodic.enabled", False, "Run periodic.prompt on the latest frame every period_s "
+          "and publish on ~/results (skipped while busy; goals take priority)."),
+    Param("periodic.period_s", 5.0, "Seconds between periodic runs.", _range(0.1, 86400)),
+    Param("periodic.prompt", "", "The periodic question (e.g. 'Is the aisle blocked?')."),
+    Param("periodic.task", "", "Task template for periodic runs (empty = vqa)."),
+    Param("periodic.targets", "", "Comma-separated targets for periodic ground/point runs."),
+    Param("periodic.max_tokens", 256, "Output token limit of a periodic run.",
+          _range(1, 1_000_000)),
+    # --- diagnostics.* -------------------------------------------------------------------
+    Param("diagnostics.period_s", 1.0, "Seconds between /diagnostics messages.",
+          _range(0.1, 60)),
+    Param("diagnostics.camera_warn_s", 2.0, "WARN when no frame arrived for this long.",
+          _range(0)),
+    Param("diagnostics.camera_error_s", 10.0, "ERROR when no frame arrived for this long.",
+          _range(0)),
 )
 
 PARAMS_BY_NAME = {p.name: p for p in PARAMS}
@@ -188,6 +204,9 @@ def validate(values: Mapping[str, Any]) -> dict[str, Any]:
         problems.append("engine.model='': the vllm engine needs a checkpoint directory or name")
     if not problems and result["engine.kind"] == "openai" and not result["engine.endpoints"]:
         problems.append("engine.endpoints=[]: the openai engine needs at least one URL")
+    if not problems and result["periodic.enabled"] and not result["periodic.prompt"].strip() \
+            and result["periodic.task"] in ("", "vqa", "verify", "trajectory"):
+        problems.append("periodic.prompt='': periodic.enabled needs a prompt for this task")
     if problems:
         raise ConfigError("invalid parameters: " + "; ".join(problems))
     return result

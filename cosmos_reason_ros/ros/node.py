@@ -8,6 +8,7 @@ goal, on the goal's own executor thread.
 
 from __future__ import annotations
 
+import collections
 import math
 import signal
 import struct
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import rclpy
+from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
 from rclpy.action import ActionServer, CancelResponse, GoalResponse
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallbackGroup
 from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
@@ -116,7 +118,13 @@ class ReasonNode(Node):
         self.counters = {"succeeded": 0, "aborted": 0, "canceled": 0, "rejected": 0}
         self._action_server: ActionServer | None = None
 
+        self._latencies: collections.deque[tuple[float, float]] = collections.deque(maxlen=500)
+        self._periodic_busy = threading.Event()
+        self.periodic_counts = {"run": 0, "skipped": 0, "failed": 0}
+        self._last_frame_monotonic: float | None = None
+
         self.results_pub = self.create_publisher(ReasoningResult, "~/results", 50)
+        self.diagnostics_pub = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
         camera_qos = QoSProfile(
             history=HistoryPolicy.KEEP_LAST, depth=p["image.qos_depth"],
             reliability=ReliabilityPolicy.BEST_EFFORT
@@ -158,6 +166,12 @@ class ReasonNode(Node):
             goal_callback=self._on_goal, cancel_callback=lambda _: CancelResponse.ACCEPT,
             callback_group=ReentrantCallbackGroup(), goal_service_qos_profile=requests_qos,
             result_service_qos_profile=requests_qos, cancel_service_qos_profile=requests_qos)
+        timer_group = MutuallyExclusiveCallbackGroup()
+        self.create_timer(p["diagnostics.period_s"], self._publish_diagnostics,
+                          callback_group=timer_group)
+        if p["periodic.enabled"]:
+            self.create_timer(p["periodic.period_s"], self._on_periodic_timer,
+                              callback_group=timer_group)
         self.get_logger().info(
             f"ready: model={self.runner.model_name} family={self.profile.key} "
             f"engine={p['engine.kind']} startup_s={time.monotonic() - t0:.1f} "
@@ -185,6 +199,7 @@ class ReasonNode(Node):
     def _store(self, data: bytes, compressed: bool) -> None:
         stamp = cdr_header_stamp_ns(data) or self._now_ns()
         self.history.append(RawFrame(compressed, data), stamp, nbytes=len(data))
+        self._last_frame_monotonic = time.monotonic()
 
     def _on_raw_image(self, data: bytes) -> None:
         self._store(data, compressed=False)
@@ -251,6 +266,7 @@ class ReasonNode(Node):
                                   media.stamps_ns[0] if media.prepared.video else None)
             goal_handle.succeed()
             self._count("succeeded")
+            self._latencies.append((ttft, time.monotonic() - t_accept))
             self.get_logger().info(
                 f"goal {msg.goal_id[:8]} succeeded: task={msg.task} "
                 f"tokens={outcome.tokens.prompt}+{outcome.tokens.output} "
@@ -427,9 +443,9 @@ class ReasonNode(Node):
     # --- generation ----------------------------------------------------------------------
 
     def _generate(self, goal_handle: Any, spec: query.QuerySpec, media: _Media,
-                  deadline: float, t_accept: float) -> tuple[Any, float]:
+                  deadline: float, t_accept: float, priority: int = 0) -> tuple[Any, float]:
         request = query.build_request(
-            uuid.uuid4().hex, self.profile, spec, media.prepared,
+            uuid.uuid4().hex, self.profile, spec, media.prepared, priority=priority,
             engine_constrains_after_reasoning=self.params["engine.constrains_after_reasoning"])
         output = query.OutputAccumulator()
         min_interval = 1.0 / self.params["limits.feedback_rate_hz"]
@@ -502,6 +518,130 @@ class ReasonNode(Node):
     def _publish_result(self, msg: ReasoningResult) -> None:
         if self.context.ok():
             self.results_pub.publish(msg)
+
+    # --- periodic monitoring -------------------------------------------------------------
+
+    def _on_periodic_timer(self) -> None:
+        # Goals take priority: a periodic run starts only when no goal is running or queued,
+        # and never overlaps the previous run (skipped runs are counted in diagnostics).
+        if self._periodic_busy.is_set() or self.slots.running or self.slots.queued \
+                or self._stopping.is_set():
+            with self._counters_lock:
+                self.periodic_counts["skipped"] += 1
+            return
+        self._periodic_busy.set()
+        threading.Thread(target=self._periodic_run, name="periodic", daemon=True).start()
+
+    def _periodic_run(self) -> None:
+        p = self.params
+        t0 = time.monotonic()
+        targets = [t.strip() for t in p["periodic.targets"].split(",") if t.strip()]
+        msg = ReasoningResult(origin="periodic", model=self.runner.model_name,
+                              task=p["periodic.task"], prompt=p["periodic.prompt"])
+        handle = _PeriodicHandle(self._stopping)
+        try:
+            spec = query.make_spec(self.profile, task=p["periodic.task"],
+                                   prompt=p["periodic.prompt"], targets=targets,
+                                   max_tokens=min(p["periodic.max_tokens"], self.limits.max_tokens),
+                                   limits=self.limits,
+                                   constrain=p["model.constrain_structured_tasks"])
+            msg.task = spec.task.value
+            deadline = t0 + p["limits.goal_timeout_s"]
+            goal = Goal(source=Goal.SOURCE_LATEST, wait_for_image_s=0.001)
+            media = self._acquire_media(goal, handle, deadline, t0)
+            msg.header = messages.source_header(media.header)
+            msg.frame_stamps = messages.stamps(media.stamps_ns)
+            msg.preprocess_s = time.monotonic() - t0
+            outcome, ttft = self._generate(handle, spec, media, deadline, t0, priority=1)
+            messages.fill_outcome(msg, outcome, media.prepared.geometry)
+            msg.time_to_first_token_s = ttft
+            with self._counters_lock:
+                self.periodic_counts["run"] += 1
+        except CosmosReasonError as e:
+            messages.fill_error(msg, e)
+            with self._counters_lock:
+                self.periodic_counts["failed"] += 1
+            self.get_logger().warning(f"periodic run failed: code={e.code.name} "
+                                      f"message={e.message}", throttle_duration_sec=30.0)
+        except Exception as e:  # noqa: BLE001 - keep the timer alive whatever happens
+            messages.fill_error(msg, EngineError(f"internal error: {e!r}"))
+            self.get_logger().error(f"periodic run: internal error: {e!r}")
+        finally:
+            msg.total_s = time.monotonic() - t0
+            self._publish_result(msg)
+            self._periodic_busy.clear()
+
+    # --- diagnostics ---------------------------------------------------------------------
+
+    def diagnostics_status(self) -> DiagnosticStatus:
+        """One status: engine, camera, goals, latency percentiles and periodic counters."""
+        p = self.params
+        health = self.runner.health()
+        stats = self.history.stats()
+        silent_s = None if self._last_frame_monotonic is None \
+            else time.monotonic() - self._last_frame_monotonic
+        latest = self.history.latest()
+        frame_age_s = None if latest is None else (self._now_ns() - latest.stamp_ns) / 1e9
+        with self._counters_lock:
+            counters = dict(self.counters)
+            periodic = dict(self.periodic_counts)
+        latencies = list(self._latencies)
+        level, problems = DiagnosticStatus.OK, []
+        if health.state is not EngineState.READY:
+            bad = health.state in (EngineState.UNAVAILABLE, EngineState.CLOSED,
+                                   EngineState.STOPPED)
+            level = max(level, DiagnosticStatus.ERROR if bad else DiagnosticStatus.WARN)
+            problems.append(f"engine {health.state.value}")
+        if silent_s is None or silent_s > p["diagnostics.camera_warn_s"]:
+            error = silent_s is None or silent_s > p["diagnostics.camera_error_s"]
+            level = max(level, DiagnosticStatus.ERROR if error else DiagnosticStatus.WARN)
+            problems.append("no camera frames yet" if silent_s is None
+                            else f"camera silent for {silent_s:.1f} s")
+        values = {
+            "engine_state": health.state.value, "model": health.model or self.runner.model_name,
+            "engine_running_requests": health.running_requests,
+            "frames_received": stats.received, "frames_stored": stats.frames,
+            "frame_age_s": "" if frame_age_s is None else f"{frame_age_s:.3f}",
+            "goals_active": self.slots.running, "goals_queued": self.slots.queued,
+            **{f"goals_{k}": v for k, v in counters.items()},
+            **{f"periodic_{k}": v for k, v in periodic.items()},
+        }
+        for i, name in ((0, "ttft"), (1, "total")):
+            series = sorted(x[i] for x in latencies)
+            for q in (50, 95):
+                values[f"{name}_p{q}_s"] = f"{_percentile(series, q):.4f}" if series else ""
+        return DiagnosticStatus(
+            level=level, name=f"{self.get_name()}: visual reasoning",
+            hardware_id=self.runner.model_name,
+            message="; ".join(problems) or "ok",
+            values=[KeyValue(key=k, value=str(v)) for k, v in values.items()])
+
+    def _publish_diagnostics(self) -> None:
+        if not self.context.ok():
+            return
+        array = DiagnosticArray(status=[self.diagnostics_status()])
+        array.header.stamp = self.get_clock().now().to_msg()
+        self.diagnostics_pub.publish(array)
+
+
+def _percentile(sorted_values: list[float], q: float) -> float:
+    """Nearest-rank percentile of an already sorted, non-empty list."""
+    rank = max(0, min(len(sorted_values) - 1, math.ceil(q / 100 * len(sorted_values)) - 1))
+    return sorted_values[rank]
+
+
+class _PeriodicHandle:
+    """Stands in for a goal handle in periodic runs: feedback is dropped, cancel = stopping."""
+
+    def __init__(self, stopping: threading.Event) -> None:
+        self._stopping = stopping
+
+    @property
+    def is_cancel_requested(self) -> bool:
+        return self._stopping.is_set()
+
+    def publish_feedback(self, _feedback: Any) -> None:
+        pass
 
 
 def main(args: list[str] | None = None) -> int:
