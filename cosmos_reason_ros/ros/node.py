@@ -16,9 +16,11 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import rclpy
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
 from rclpy.action import ActionServer, CancelResponse, GoalResponse
@@ -34,6 +36,7 @@ from cosmos_reason_interfaces.action import Reason
 from cosmos_reason_interfaces.msg import ReasoningResult
 from cosmos_reason_ros.core import imaging, query
 from cosmos_reason_ros.core.admission import GoalSlots
+from cosmos_reason_ros.core.annotate import draw_annotations
 from cosmos_reason_ros.core.frames import FrameHistory, StoredFrame
 from cosmos_reason_ros.core.models import ModelProfile, detect_profile
 from cosmos_reason_ros.core.types import (
@@ -54,6 +57,7 @@ from cosmos_reason_ros.engines.factory import create_engine
 from cosmos_reason_ros.engines.runner import EngineRunner
 from cosmos_reason_ros.ros import messages
 from cosmos_reason_ros.ros.config import ConfigError, declare_and_load, engine_options
+from cosmos_reason_ros.ros.detections import load_vision_msgs, to_detection_array
 
 NODE_NAME = "cosmos_reason"
 _CANCEL_GRACE_S = 5.0  # how long a cancelled request may take to end in the engine
@@ -89,6 +93,8 @@ class _Media:
     prepared: query.PreparedMedia
     header: Any
     stamps_ns: list[int]
+    # Full-resolution RGB of the (newest) frame, converted only if someone wants to draw on it.
+    original_rgb: Callable[[], np.ndarray] | None = None
 
 
 class ReasonNode(Node):
@@ -125,6 +131,14 @@ class ReasonNode(Node):
 
         self.results_pub = self.create_publisher(ReasoningResult, "~/results", 50)
         self.diagnostics_pub = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
+        self.annotated_pub = self.create_publisher(Image, "~/annotated_image", 2)
+        self._vision_msgs = load_vision_msgs()
+        self.detections_pub = None
+        if self._vision_msgs is None:
+            self.get_logger().info("vision_msgs is not installed: ~/detections is off")
+        else:
+            self.detections_pub = self.create_publisher(
+                self._vision_msgs.Detection2DArray, "~/detections", 10)
         camera_qos = QoSProfile(
             history=HistoryPolicy.KEEP_LAST, depth=p["image.qos_depth"],
             reliability=ReliabilityPolicy.BEST_EFFORT
@@ -264,6 +278,7 @@ class ReasonNode(Node):
             timings["time_to_first_token_s"] = ttft
             messages.fill_outcome(msg, outcome, media.prepared.geometry,
                                   media.stamps_ns[0] if media.prepared.video else None)
+            self._publish_outputs(msg, media)
             goal_handle.succeed()
             self._count("succeeded")
             self._latencies.append((ttft, time.monotonic() - t_accept))
@@ -343,22 +358,23 @@ class ReasonNode(Node):
                 rgb = self._image_to_rgb(goal.image)
                 header = goal.image.header
             prepared = query.prepare_image(self.profile, rgb, self.limits)
-            return _Media(prepared, header, [messages.stamp_to_ns(header.stamp)])
+            return _Media(prepared, header, [messages.stamp_to_ns(header.stamp)], lambda: rgb)
         if goal.source == Goal.SOURCE_CLIP:
             return self._acquire_clip(goal)
         self._feedback(goal_handle, Feedback.STAGE_WAITING_FOR_IMAGE, t_accept)
         frame = self._pick_frame(goal, goal_handle, deadline, t_accept)
         message = self._deserialize(frame)
         if frame.payload.compressed:
-            prepared = query.prepare_image(self.profile, self._compressed_to_rgb(message),
-                                           self.limits)
-        else:
-            size = query.input_size(self.profile, message.width, message.height, self.limits) \
-                if message.width and message.height else None
-            rgb = self._image_to_rgb(message, size)
-            prepared = query.prepare_image(self.profile, rgb, self.limits,
-                                           original_size=(message.width, message.height))
-        return _Media(prepared, message.header, [frame.stamp_ns])
+            rgb = self._compressed_to_rgb(message)
+            prepared = query.prepare_image(self.profile, rgb, self.limits)
+            return _Media(prepared, message.header, [frame.stamp_ns], lambda: rgb)
+        size = query.input_size(self.profile, message.width, message.height, self.limits) \
+            if message.width and message.height else None
+        rgb = self._image_to_rgb(message, size)
+        prepared = query.prepare_image(self.profile, rgb, self.limits,
+                                       original_size=(message.width, message.height))
+        return _Media(prepared, message.header, [frame.stamp_ns],
+                      lambda: self._image_to_rgb(message))
 
     def _acquire_clip(self, goal: Goal) -> _Media:
         p = self.params
@@ -380,7 +396,7 @@ class ReasonNode(Node):
                 for f, m in zip(frames, decoded, strict=True)]
         stamps = [f.stamp_ns for f in frames]
         prepared = query.prepare_clip(self.profile, rgbs, stamps, fps, self.limits)
-        return _Media(prepared, decoded[-1].header, stamps)
+        return _Media(prepared, decoded[-1].header, stamps, lambda: rgbs[-1])
 
     def _pick_frame(self, goal: Goal, goal_handle: Any, deadline: float,
                     t_accept: float) -> StoredFrame[RawFrame]:
@@ -515,6 +531,24 @@ class ReasonNode(Node):
             self._count("rejected" if error.code.name in ("OVERLOADED", "BAD_REQUEST")
                         else "aborted")
 
+    def _publish_outputs(self, msg: ReasoningResult, media: _Media) -> None:
+        """Annotated image (only when subscribed: drawing costs) and vision_msgs detections."""
+        if self.detections_pub is not None and msg.boxes:
+            self.detections_pub.publish(to_detection_array(msg, self._vision_msgs))
+        if media.original_rgb is None or self.annotated_pub.get_subscription_count() == 0:
+            return
+        try:
+            drawn = draw_annotations(media.original_rgb(), msg.boxes, msg.points,
+                                     msg.trajectories, title=msg.answer)
+        except CosmosReasonError as e:  # a drawing problem must not fail the goal
+            self.get_logger().warning(f"annotated image skipped: {e.message}")
+            return
+        fields = imaging.rgb_to_image_fields(drawn, "rgb8")
+        image = Image(height=fields.height, width=fields.width, encoding=fields.encoding,
+                      step=fields.step, data=fields.data)
+        image.header = messages.source_header(media.header)
+        self.annotated_pub.publish(image)
+
     def _publish_result(self, msg: ReasoningResult) -> None:
         if self.context.ok():
             self.results_pub.publish(msg)
@@ -555,6 +589,7 @@ class ReasonNode(Node):
             outcome, ttft = self._generate(handle, spec, media, deadline, t0, priority=1)
             messages.fill_outcome(msg, outcome, media.prepared.geometry)
             msg.time_to_first_token_s = ttft
+            self._publish_outputs(msg, media)
             with self._counters_lock:
                 self.periodic_counts["run"] += 1
         except CosmosReasonError as e:

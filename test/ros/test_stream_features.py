@@ -180,3 +180,48 @@ def test_diagnostics_warn_then_error_when_the_camera_goes_silent(io, node):
         levels.add(status.level[0] if isinstance(status.level, bytes) else int(status.level))
     assert {1, 2} <= levels, levels
     assert "camera silent" in status.message
+
+
+def test_annotated_image_has_the_source_header_and_drawn_boxes(io):
+    from node_process import rgb_image_msg
+    from sensor_msgs.msg import Image
+
+    received = []
+    got = threading.Event()
+
+    def on_image(msg):
+        if msg.header.frame_id == "annotate_cam":  # periodic runs annotate their frames too
+            received.append(msg)
+            got.set()
+
+    sub = io.node.create_subscription(Image, "/cosmos_reason/annotated_image", on_image, 5)
+    try:
+        deadline = time.monotonic() + 10
+        while io.node.count_publishers("/cosmos_reason/annotated_image") == 0 \
+                and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)  # let the node's publisher see the subscription
+        schema = json.dumps({"type": "array", "minItems": 1, "maxItems": 1, "items": {
+            "type": "object", "required": ["bbox_2d", "label"], "additionalProperties": False,
+            "properties": {"bbox_2d": {"type": "array", "minItems": 4, "maxItems": 4, "items": {
+                "type": "integer", "minimum": 100, "maximum": 900}},
+                "label": {"enum": ["cup"]}}}})
+        source = np.zeros((480, 640, 3), np.uint8)
+        image = rgb_image_msg(source, 42 * 10**9, "annotate_cam")
+        result = io.client.run(io.client.goal("", "ground", ["cup"], source=3, image=image,
+                                              response_schema=schema, max_tokens=64))
+        assert result.ok and result.boxes, (result.error_message, result.message.raw_text)
+        assert got.wait(10), "no annotated image"
+        msg = received[-1]
+        assert msg.header.frame_id == "annotate_cam" and msg.header.stamp.sec == 42
+        assert (msg.width, msg.height, msg.encoding) == (640, 480, "rgb8")
+        drawn = np.frombuffer(bytes(msg.data), np.uint8).reshape(480, 640, 3)
+        box = max(result.boxes, key=lambda b: (b.x_max - b.x_min) * (b.y_max - b.y_min))
+        if box.x_max - box.x_min >= 2 and box.y_max - box.y_min >= 2:
+            # The outline passes through the box's left edge at mid-height.
+            y = int((box.y_min + box.y_max) / 2)
+            x = int(min(max(box.x_min, 0), 639))
+            assert drawn[y, max(0, x - 1):x + 2].any(), "no outline where the box is"
+        assert drawn.any() and not source.any()
+    finally:
+        io.node.destroy_subscription(sub)
