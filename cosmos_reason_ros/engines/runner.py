@@ -463,4 +463,6 @@ class EngineRunner:
 
     def _with_running(self, health: EngineHealth) -> EngineHealth:
         return EngineHealth(state=health.state, model=health.model,
-                            running_requests=self.running_requests, detail=health.detail)
+                            running_requests=max(self.running_requests,
+                                                 health.running_requests),
+                            detail=health.detail)

@@ -350,8 +350,13 @@ class VllmLocalEngine(Engine):
                     state, detail = EngineState.UNAVAILABLE, "vllm engine core is dead"
             except Exception as exc:  # noqa: BLE001 - health must never raise
                 state, detail = EngineState.UNAVAILABLE, f"health check failed: {exc}"
+        running = len(self._running)
+        try:  # vLLM's own view: aborted requests must disappear from it too
+            running = max(running, self.num_unfinished_engine_requests())
+        except Exception:  # noqa: BLE001 - health must never raise
+            pass
         return EngineHealth(state=state, model=self.model_name,
-                            running_requests=len(self._running), detail=detail)
+                            running_requests=running, detail=detail)
 
     def num_unfinished_engine_requests(self) -> int:
         """Count the requests vLLM itself still tracks (0 once all finished or were aborted)."""

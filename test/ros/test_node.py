@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 rclpy = pytest.importorskip("rclpy", reason="needs the ROS 2 wheels (make setup)")
+from diagnostic_msgs.msg import DiagnosticArray  # noqa: E402
 from node_process import NodeProcess, rgb_image_msg, scene  # noqa: E402
 from rclpy.executors import MultiThreadedExecutor  # noqa: E402
 from rclpy.qos import qos_profile_sensor_data  # noqa: E402
@@ -71,6 +72,15 @@ def io(node):
             io.results_cond.notify_all()
 
     test_node.create_subscription(ReasoningResult, "/cosmos_reason/results", on_result, 50)
+    io.engine_running: list[int] = []
+
+    def on_diagnostics(msg):
+        values = {kv.key: kv.value for kv in msg.status[0].values}
+        with io.results_cond:
+            io.engine_running.append(int(values["engine_running_requests"]))
+            io.results_cond.notify_all()
+
+    test_node.create_subscription(DiagnosticArray, "/diagnostics", on_diagnostics, 10)
     io.client = ReasonClient(context=context)
     assert io.client.wait_for_server(30.0)
 
@@ -211,6 +221,11 @@ def test_cancel_mid_stream_ends_canceled_and_engine_serves_next(io):
     assert result.status == "canceled", (result.status, result.error_message)
     assert result.error_code is ErrorCode.CANCELLED
     assert result.message.finish_reason == "cancelled"
+    # The engine (vLLM's own request count, via diagnostics) is idle again.
+    with io.results_cond:
+        seen = len(io.engine_running)
+        assert io.results_cond.wait_for(
+            lambda: 0 in io.engine_running[seen:], 10), io.engine_running[seen:]
     io.publish_until_received()
     assert io.client.ask("next?", max_tokens=4).ok
 
