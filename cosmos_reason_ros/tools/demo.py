@@ -130,11 +130,15 @@ def run(model: str, preset: str, out_dir: Path, startup_timeout_s: float) -> int
 
         streamer = threading.Thread(target=stream, daemon=True)
         streamer.start()
+        deadline = time.monotonic() + 30  # DDS discovery can take seconds on a busy machine
+        while camera.get_subscription_count() == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
         time.sleep(0.5)
         out_dir.mkdir(parents=True, exist_ok=True)
         queries = [
             ("question", ReasonClient.goal("What objects are on the table, and which one is "
-                                           "closest to the left edge?", max_tokens=64)),
+                                           "closest to the left edge?", max_tokens=64,
+                                           wait_for_image_s=10.0)),
             ("ground", ReasonClient.goal("", "ground", ["red box", "blue cup"],
                                          max_tokens=128)),
             ("verify", ReasonClient.goal("The green cylinder is between the other two "

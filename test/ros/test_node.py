@@ -17,7 +17,6 @@ rclpy = pytest.importorskip("rclpy", reason="needs the ROS 2 wheels (make setup)
 from diagnostic_msgs.msg import DiagnosticArray  # noqa: E402
 from node_process import NodeProcess, rgb_image_msg, scene  # noqa: E402
 from rclpy.executors import MultiThreadedExecutor  # noqa: E402
-from rclpy.qos import qos_profile_sensor_data  # noqa: E402
 from sensor_msgs.msg import Image  # noqa: E402
 
 from cosmos_reason_interfaces.action import Reason  # noqa: E402
@@ -39,7 +38,11 @@ def node(tiny_qwen3_vl):
     proc = NodeProcess("cpu_demo", {"engine.model": str(tiny_qwen3_vl),
                                     "limits.max_concurrent_goals": 8,
                                     "limits.max_queued_goals": 4,
-                                    "image.wait_s": 0.5})
+                                    "image.wait_s": 0.5,
+                                    # Reliable with a deep queue: the clip test counts frames,
+                                    # and a loaded CI machine must not drop any.
+                                    "image.qos_reliability": "reliable",
+                                    "image.qos_depth": 30})
     proc.wait_ready()
     yield proc
     code = proc.stop()
@@ -62,7 +65,7 @@ def io(node):
 
     io = IO()
     io.node = test_node
-    io.camera = test_node.create_publisher(Image, "/image", qos_profile_sensor_data)
+    io.camera = test_node.create_publisher(Image, "/image", 30)  # reliable, like the node
     io.results: list[ReasoningResult] = []
     io.results_cond = threading.Condition()
 
@@ -83,6 +86,9 @@ def io(node):
     test_node.create_subscription(DiagnosticArray, "/diagnostics", on_diagnostics, 10)
     io.client = ReasonClient(context=context)
     assert io.client.wait_for_server(30.0)
+    deadline = time.monotonic() + 30
+    while io.camera.get_subscription_count() == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)  # the node's camera subscription is matched (DDS discovery)
 
     def publish(width=640, height=480, stamp_ns=None, seed=0):
         now = test_node.get_clock().now().nanoseconds
@@ -164,6 +170,7 @@ def test_next_frame_waits_for_a_frame_after_acceptance(io):
     io.publish_until_received()
     old_stamp = io.node.get_clock().now().nanoseconds - 5 * 10**9
     io.publish(stamp_ns=old_stamp)  # the latest frame before the goal
+    time.sleep(1.0)  # let every frame published so far reach the node (reliable, queued)
     handle = io.client.submit(io.client.goal("What changed?", source=Goal.SOURCE_NEXT,
                                              wait_for_image_s=5.0, max_tokens=8))
     time.sleep(0.5)
@@ -241,8 +248,10 @@ def test_eight_concurrent_goals_all_succeed(io):
 
 def test_goals_beyond_the_bounds_are_overloaded(io, node):
     io.publish_until_received()
+    # Queued goals pick their frame when they start: allow old frames for this test.
     handles = [io.client.submit(io.client.goal("Long", response_schema=LONG_SCHEMA,
-                                               max_tokens=512)) for _ in range(20)]
+                                               max_tokens=512, max_image_age_s=300.0))
+               for _ in range(20)]
     results = [h.result(300) for h in handles]
     codes = [r.error_code for r in results]
     assert codes.count(ErrorCode.OVERLOADED) >= 20 - 12, codes  # 8 running + 4 queued
