@@ -73,6 +73,9 @@ def io(node):
     test_node.create_subscription(DiagnosticArray, "/diagnostics", on_diag, 10)
     io.client = ReasonClient(context=context)
     assert io.client.wait_for_server(30)
+    deadline = time.monotonic() + 30
+    while io.compressed.get_subscription_count() == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)  # the node's camera subscription is matched (DDS discovery)
 
     def publish_jpeg(data: bytes, frame_id="jpeg_cam", n=10):
         for _ in range(n):
