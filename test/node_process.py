@@ -103,14 +103,11 @@ def _ros_value(value: object) -> str:
 
 def rgb_image_msg(rgb: np.ndarray, stamp_ns: int, frame_id: str = "camera"):
     """A ``sensor_msgs/Image`` (rgb8) with the given stamp."""
-    from builtin_interfaces.msg import Time
-    from sensor_msgs.msg import Image
+    from std_msgs.msg import Header
 
-    msg = Image(width=rgb.shape[1], height=rgb.shape[0], encoding="rgb8", step=rgb.shape[1] * 3)
-    msg.header.stamp = Time(sec=stamp_ns // 10**9, nanosec=stamp_ns % 10**9)
-    msg.header.frame_id = frame_id
-    msg.data = rgb.tobytes()
-    return msg
+    from cosmos_reason_ros.ros.messages import ns_to_stamp, rgb_image
+
+    return rgb_image(rgb, Header(stamp=ns_to_stamp(stamp_ns), frame_id=frame_id))
 
 
 def scene(width: int, height: int, seed: int = 0) -> np.ndarray:

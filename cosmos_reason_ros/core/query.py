@@ -13,6 +13,7 @@ requests:
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -93,8 +94,7 @@ def make_spec(
         seed=seed, max_tokens_cap=limits.max_tokens,
     )
     if greedy:  # vLLM treats temperature below 1e-5 as greedy; 0 is exact
-        sampling = Sampling(**{**sampling.__dict__, "temperature": 0.0, "top_p": 1.0,
-                               "top_k": None})
+        sampling = dataclasses.replace(sampling, temperature=0.0, top_p=1.0, top_k=None)
     return QuerySpec(task_enum, prompt, cleaned, bool(reasoning), sampling, user_schema,
                      constrain)
 
@@ -242,14 +242,13 @@ def finish(
         text, reasoning=server_reasoning, finish_reason=finish_reason, task=spec.task
     )
     if server_reasoning is not None:  # keep the raw text complete for the result
-        parsed = parsed.__class__(**{**parsed.__dict__, "raw_text": output.raw_text()})
+        parsed = dataclasses.replace(parsed, raw_text=output.raw_text())
     problems: list[str] = []
     boxes, points, trajectories = geometry.map_answer(
         parsed, media.geometry, profile.coordinates, problems
     )
     if problems:
-        parsed = parsed.__class__(**{**parsed.__dict__,
-                                     "problems": tuple(parsed.problems) + tuple(problems)})
+        parsed = dataclasses.replace(parsed, problems=(*parsed.problems, *problems))
     tokens = TokenCounts(output.prompt_tokens, output.output_tokens, output.cached_prompt_tokens)
     return ReasonOutcome(parsed, boxes, points, trajectories, finish_reason, tokens,
                          timings or Timings())

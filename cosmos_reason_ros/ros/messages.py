@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 from builtin_interfaces.msg import Time
+from sensor_msgs.msg import Image
 from std_msgs.msg import Header
 
 from cosmos_reason_interfaces.msg import (
@@ -15,6 +17,7 @@ from cosmos_reason_interfaces.msg import (
     TemporalSpan,
     Trajectory2D,
 )
+from cosmos_reason_ros.core.imaging import rgb_to_image_fields
 from cosmos_reason_ros.core.types import (
     CosmosReasonError,
     ErrorCode,
@@ -91,6 +94,13 @@ def source_header(header: Header | None) -> Header:
         return Header()
     return Header(stamp=Time(sec=header.stamp.sec, nanosec=header.stamp.nanosec),
                   frame_id=header.frame_id)
+
+
+def rgb_image(rgb: Any, header: Header) -> Image:
+    """Wrap an RGB uint8 array as an rgb8 ``sensor_msgs/Image`` with ``header``."""
+    fields = rgb_to_image_fields(rgb, "rgb8")
+    return Image(header=header, height=fields.height, width=fields.width,
+                 encoding=fields.encoding, step=fields.step, data=fields.data)
 
 
 def stamps(stamps_ns: Sequence[int]) -> list[Time]:

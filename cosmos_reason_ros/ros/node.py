@@ -46,6 +46,7 @@ from cosmos_reason_ros.core.types import (
     DeadlineExceededError,
     EngineError,
     EngineUnavailableError,
+    ErrorCode,
     ImageTooOldError,
     NoImageError,
     OverloadedError,
@@ -528,8 +529,8 @@ class ReasonNode(Node):
             self._count("canceled")
         else:
             goal_handle.abort()
-            self._count("rejected" if error.code.name in ("OVERLOADED", "BAD_REQUEST")
-                        else "aborted")
+            self._count("rejected" if error.code in (ErrorCode.OVERLOADED,
+                                                     ErrorCode.BAD_REQUEST) else "aborted")
 
     def _publish_outputs(self, msg: ReasoningResult, media: _Media) -> None:
         """Annotated image (only when subscribed: drawing costs) and vision_msgs detections."""
@@ -543,11 +544,8 @@ class ReasonNode(Node):
         except CosmosReasonError as e:  # a drawing problem must not fail the goal
             self.get_logger().warning(f"annotated image skipped: {e.message}")
             return
-        fields = imaging.rgb_to_image_fields(drawn, "rgb8")
-        image = Image(height=fields.height, width=fields.width, encoding=fields.encoding,
-                      step=fields.step, data=fields.data)
-        image.header = messages.source_header(media.header)
-        self.annotated_pub.publish(image)
+        self.annotated_pub.publish(messages.rgb_image(drawn,
+                                                      messages.source_header(media.header)))
 
     def _publish_result(self, msg: ReasoningResult) -> None:
         if self.context.ok():

@@ -94,9 +94,10 @@ def run(model: str, preset: str, out_dir: Path, startup_timeout_s: float) -> int
     import rclpy
     from rclpy.qos import qos_profile_sensor_data
     from sensor_msgs.msg import Image
+    from std_msgs.msg import Header
 
     from cosmos_reason_ros.client import ReasonClient
-    from cosmos_reason_ros.core.imaging import rgb_to_image_fields
+    from cosmos_reason_ros.ros.messages import rgb_image
 
     log: list[str] = []
     print(f"demo: starting the node (preset={preset}, model={model})", flush=True)
@@ -117,11 +118,9 @@ def run(model: str, preset: str, out_dir: Path, startup_timeout_s: float) -> int
             while not stop.is_set():
                 t = time.monotonic() - t0
                 frame, truth = render_scene(t)
-                fields = rgb_to_image_fields(frame, "rgb8")
-                msg = Image(width=fields.width, height=fields.height, encoding=fields.encoding,
-                            step=fields.step, data=fields.data)
-                msg.header.stamp = camera_node.get_clock().now().to_msg()
-                msg.header.frame_id = "demo_camera"
+                header = Header(stamp=camera_node.get_clock().now().to_msg(),
+                                frame_id="demo_camera")
+                msg = rgb_image(frame, header)
                 latest[(msg.header.stamp.sec, msg.header.stamp.nanosec)] = (frame, truth)
                 while len(latest) > 60:
                     latest.pop(next(iter(latest)))

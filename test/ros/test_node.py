@@ -95,7 +95,7 @@ def io(node):
         io.camera.publish(rgb_image_msg(scene(width, height, seed), stamp_ns or now))
 
     def publish_until_received(width=640, height=480):
-        # Best-effort QoS: publish until a goal on the latest frame can see one.
+        # A few fresh frames, so the next goal on the latest frame sees a recent one.
         for _ in range(10):
             publish(width, height)
             time.sleep(0.05)
@@ -185,6 +185,7 @@ def test_next_frame_waits_for_a_frame_after_acceptance(io):
 
 
 def test_next_frame_times_out_with_no_image(io):
+    time.sleep(1.0)  # frames the previous test published (reliable, queued) arrive first
     result = io.client.run(io.client.goal("q", source=Goal.SOURCE_NEXT, wait_for_image_s=0.3,
                                           max_tokens=4))
     assert result.error_code is ErrorCode.NO_IMAGE and "no new frame" in result.error_message
