@@ -320,6 +320,7 @@ def test_clip_of_3_s_at_4_fps_from_a_15_hz_stream_uses_12_frames(io):
     for i, stamp in enumerate(stamps):
         io.publish(320, 240, stamp_ns=stamp, seed=i % 5)
         time.sleep(1 / 60)  # faster than real time; the stamps carry the 15 Hz timing
+    time.sleep(1.0)  # the reliable queue drains: the newest frame has reached the node
     result = io.client.run(io.client.goal("What happens?", source=Goal.SOURCE_CLIP,
                                           clip_duration_s=3.0, clip_fps=4.0, max_tokens=8,
                                           max_image_age_s=60.0))
