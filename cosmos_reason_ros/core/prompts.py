@@ -90,6 +90,13 @@ def _check_text(field_name: str, text: str, max_chars: int) -> None:
         raise BadRequestError(
             f"{field_name} has {len(text)} characters; at most {max_chars} are allowed"
         )
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:  # lone surrogates (e.g. from surrogateescape'd argv)
+        raise BadRequestError(
+            f"{field_name} is not valid Unicode text: {text[e.start]!r} at index {e.start} "
+            "cannot be encoded as UTF-8"
+        ) from None
     for ch in text:
         # Tabs and newlines are fine; other C0 controls (NUL above all) break tokenizers and
         # JSON transports.
@@ -442,6 +449,11 @@ def _check_subschema(node: Any, path: str, depth: int, max_depth: int) -> None:
                 raise _schema_error(where, f"{value!r} must be greater than 0")
         elif key in _STRING_KEYS and not isinstance(value, str):
             raise _schema_error(where, f"expected a string, got {type(value).__name__}")
+        elif key == "$ref" and not value.startswith("#"):
+            # Only references inside the schema: a goal must never make the node (or the
+            # engine's grammar compiler) read a file or fetch a URL.
+            raise _schema_error(where, f"{value!r} is not a local reference; only '#...' "
+                                "references inside the schema are allowed")
     for low, high in (("minLength", "maxLength"), ("minItems", "maxItems"),
                       ("minimum", "maximum"), ("minProperties", "maxProperties")):
         if low in node and high in node and node[low] > node[high]:
