@@ -1,0 +1,340 @@
+"""rosbag2 input and output for the replay and demo tools, with ``rosbags`` (no ROS needed).
+
+- Reading: sqlite3 and mcap bags, their topics and time span, camera messages, and the
+  ground truth that ``demo_recording`` stores (``std_msgs/String`` JSON per frame).
+- Results: ``ReasoningResult`` messages built from their plain form (the dict written to the
+  replay's JSONL file) and written to a results bag whose connections carry the message
+  definitions of ``cosmos_reason_interfaces`` (registered from its ``.msg`` files), so
+  ``ros2 bag info/play`` and ``rosbags`` read it back.
+
+Plain form: a message as nested dicts and lists with the message's field names; NaN floats
+(a ``Box2D.score`` the model did not give) become ``None`` so the JSONL is strict JSON.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import math
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+RESULT_TYPE = "cosmos_reason_interfaces/msg/ReasoningResult"
+IMAGE_TYPE = "sensor_msgs/msg/Image"
+COMPRESSED_TYPE = "sensor_msgs/msg/CompressedImage"
+CAMERA_INFO_TYPE = "sensor_msgs/msg/CameraInfo"
+STRING_TYPE = "std_msgs/msg/String"
+STORAGES = ("sqlite3", "mcap")
+_NUMPY_DTYPES = {"bool": np.bool_, "int8": np.int8, "uint8": np.uint8, "byte": np.uint8,
+                 "char": np.uint8, "int16": np.int16, "uint16": np.uint16, "int32": np.int32,
+                 "uint32": np.uint32, "int64": np.int64, "uint64": np.uint64,
+                 "float32": np.float32, "float64": np.float64}
+_INTERFACES = "cosmos_reason_interfaces"
+
+
+class BagError(ValueError):
+    """A bag cannot be read or written as asked; the message says which and why."""
+
+
+# --- types -------------------------------------------------------------------------------------
+
+
+def interface_msg_dir() -> Path:
+    """Directory holding ``cosmos_reason_interfaces``' ``.msg`` files (installed or source)."""
+    candidates = []
+    try:
+        from ament_index_python.packages import get_package_share_directory
+
+        candidates.append(Path(get_package_share_directory(_INTERFACES)) / "msg")
+    except Exception:  # noqa: BLE001 - not installed / no ament index: try the others
+        pass
+    for prefix in os.environ.get("AMENT_PREFIX_PATH", "").split(os.pathsep):
+        if prefix:
+            candidates.append(Path(prefix) / "share" / _INTERFACES / "msg")
+    candidates.append(Path(__file__).resolve().parents[2] / _INTERFACES / "msg")
+    for path in candidates:
+        if (path / "ReasoningResult.msg").is_file():
+            return path
+    raise BagError(f"cannot find {_INTERFACES}/msg/ReasoningResult.msg (looked in "
+                   f"{', '.join(str(c) for c in candidates)})")
+
+
+@functools.lru_cache(maxsize=1)
+def typestore() -> Any:
+    """Return the distro's standard message types plus ``cosmos_reason_interfaces``."""
+    from rosbags.typesys import Stores, get_types_from_msg, get_typestore
+
+    distro = os.environ.get("ROS_DISTRO", "kilted").lower()
+    store = get_typestore({"humble": Stores.ROS2_HUMBLE, "jazzy": Stores.ROS2_JAZZY}.get(
+        distro, Stores.ROS2_KILTED))
+    types: dict[str, Any] = {}
+    for path in sorted(interface_msg_dir().glob("*.msg")):
+        types.update(get_types_from_msg(path.read_text(encoding="utf-8"),
+                                        f"{_INTERFACES}/msg/{path.stem}"))
+    store.register(types)
+    return store
+
+
+def to_plain(msg: Any) -> Any:
+    """Convert a ROS message (rclpy or rosbags) or value to nested dicts/lists; NaN -> None."""
+    if isinstance(msg, float):
+        return None if math.isnan(msg) else msg
+    if isinstance(msg, (str, bool, int)) or msg is None:
+        return msg
+    if isinstance(msg, (np.floating, np.integer, np.bool_)):
+        return to_plain(msg.item())
+    if isinstance(msg, (bytes, bytearray)):
+        return list(msg)
+    if isinstance(msg, np.ndarray):
+        return [to_plain(v) for v in msg.tolist()]
+    if hasattr(msg, "get_fields_and_field_types"):  # rclpy message
+        return {name: to_plain(getattr(msg, name)) for name in msg.get_fields_and_field_types()}
+    if dataclasses.is_dataclass(msg):  # rosbags message; ROS constants are UPPER_CASE
+        return {f.name: to_plain(getattr(msg, f.name)) for f in dataclasses.fields(msg)
+                if not f.name.startswith("__") and not f.name.isupper()}
+    if isinstance(msg, Sequence) or hasattr(msg, "tolist"):  # list, tuple, array.array
+        return [to_plain(v) for v in msg]
+    raise BagError(f"cannot convert a {type(msg).__name__} to plain data")
+
+
+def from_plain(msgtype: str, plain: Mapping[str, Any] | None, store: Any = None) -> Any:
+    """Build a rosbags message of ``msgtype`` from its plain form (missing fields = zero)."""
+    store = store or typestore()
+    plain = plain or {}
+    try:
+        cls = store.types[msgtype]
+        _consts, fields = store.fielddefs[msgtype]
+    except KeyError as e:
+        raise BagError(f"message type {msgtype!r} is not registered") from e
+    unknown = set(plain) - {name for name, _ in fields}
+    if unknown:
+        raise BagError(f"{msgtype}: unknown field(s) {', '.join(sorted(unknown))}")
+    return cls(**{name: _value(store, node, plain.get(name)) for name, node in fields})
+
+
+def _value(store: Any, node: tuple[Any, Any], value: Any) -> Any:
+    kind, detail = node
+    kind_name = getattr(kind, "name", str(kind))
+    if kind_name == "BASE":
+        return _base(detail[0], value)
+    if kind_name == "NAME":
+        return from_plain(detail, value, store)
+    (sub_kind, sub_detail), _count = detail
+    if getattr(sub_kind, "name", "") == "BASE" and sub_detail[0] in _NUMPY_DTYPES:
+        dtype = _NUMPY_DTYPES[sub_detail[0]]
+        if isinstance(value, (bytes, bytearray, memoryview)):
+            return np.frombuffer(value, dtype=dtype).copy()
+        if isinstance(value, np.ndarray):
+            return value.astype(dtype, copy=False)
+        return np.array([_base(sub_detail[0], v) for v in value or []], dtype=dtype)
+    return [_value(store, (sub_kind, sub_detail), v) for v in value or []]
+
+
+def _base(type_name: str, value: Any) -> Any:
+    if type_name in ("string", "wstring"):
+        return "" if value is None else str(value)
+    if type_name in ("float32", "float64"):
+        return math.nan if value is None else float(value)
+    if type_name == "bool":
+        return bool(value)
+    return int(value or 0)
+
+
+def canonical_result(plain: Mapping[str, Any]) -> tuple[dict[str, Any], bytes]:
+    """Return a result's plain form as a bag reads it back (float32 rounding) and its CDR."""
+    store = typestore()
+    data = bytes(store.serialize_cdr(from_plain(RESULT_TYPE, plain, store), RESULT_TYPE))
+    return to_plain(store.deserialize_cdr(data, RESULT_TYPE)), data
+
+
+# --- reading -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BagInfo:
+    """What a bag holds."""
+
+    path: str
+    storage: str
+    topics: dict[str, str]  # topic -> message type
+    counts: dict[str, int]
+    start_ns: int
+    end_ns: int
+
+    @property
+    def duration_s(self) -> float:
+        """Time from the first to the last message."""
+        return (self.end_ns - self.start_ns) / 1e9
+
+
+def _reader(path: str | Path) -> Any:
+    from rosbags.rosbag2 import Reader
+
+    p = Path(path)
+    if not (p / "metadata.yaml").is_file():
+        raise BagError(f"{str(p)!r} is not a rosbag2 bag (no metadata.yaml in it)")
+    return Reader(p)
+
+
+def storage_of(path: str | Path) -> str:
+    """``mcap`` or ``sqlite3``, from the bag's files."""
+    return "mcap" if any(Path(path).glob("*.mcap")) else "sqlite3"
+
+
+def bag_info(path: str | Path) -> BagInfo:
+    """Open a bag and describe it; ``BagError`` if it cannot be read or is empty."""
+    try:
+        with _reader(path) as reader:
+            topics = {c.topic: c.msgtype for c in reader.connections}
+            counts: dict[str, int] = {}
+            for c in reader.connections:
+                counts[c.topic] = counts.get(c.topic, 0) + c.msgcount
+            start, end = reader.start_time, reader.end_time
+    except BagError:
+        raise
+    except Exception as e:  # noqa: BLE001 - rosbags raises several kinds; name the bag
+        raise BagError(f"cannot read bag {str(path)!r}: {e}") from e
+    if not counts or sum(counts.values()) == 0:
+        raise BagError(f"bag {str(path)!r} has no messages")
+    return BagInfo(str(path), storage_of(path), topics, counts, int(start), int(end))
+
+
+def pick_image_topic(info: BagInfo, requested: str = "") -> str:
+    """Return ``requested`` if given, else the bag's only Image (or CompressedImage) topic."""
+    images = {t: m for t, m in info.topics.items() if m in (IMAGE_TYPE, COMPRESSED_TYPE)}
+    if requested:
+        if requested not in images:
+            listed = ", ".join(f"{t} ({m})" for t, m in sorted(images.items())) or "none"
+            raise BagError(f"image topic {requested!r} is not an image topic of "
+                           f"{info.path!r}; image topics: {listed}")
+        return requested
+    for kind in (IMAGE_TYPE, COMPRESSED_TYPE):
+        found = sorted(t for t, m in images.items() if m == kind)
+        if len(found) == 1:
+            return found[0]
+        if len(found) > 1:
+            raise BagError(f"{info.path!r} has several {kind} topics ({', '.join(found)}); "
+                           f"choose one with --image-topic")
+    raise BagError(f"{info.path!r} has no sensor_msgs Image or CompressedImage topic")
+
+
+def messages(path: str | Path, topics: Sequence[str]) -> Iterator[tuple[str, str, int, bytes]]:
+    """Yield ``(topic, msgtype, log_time_ns, cdr_bytes)`` in time order for ``topics``."""
+    with _reader(path) as reader:
+        conns = [c for c in reader.connections if c.topic in set(topics)]
+        for conn, t_ns, data in reader.messages(connections=conns):
+            yield conn.topic, conn.msgtype, int(t_ns), bytes(data)
+
+
+def header_stamp_ns(msg: Any) -> int:
+    """``header.stamp`` of a deserialized message, in nanoseconds."""
+    return int(msg.header.stamp.sec) * 1_000_000_000 + int(msg.header.stamp.nanosec)
+
+
+def decode_image(msg: Any, msgtype: str, max_pixels: int = 50_000_000,
+                 size: tuple[int, int] | None = None) -> np.ndarray:
+    """RGB uint8 pixels of a deserialized Image/CompressedImage (the node's converters)."""
+    from cosmos_reason_ros.core import imaging
+
+    if msgtype == COMPRESSED_TYPE:
+        return imaging.compressed_to_rgb(msg.format, bytes(msg.data), max_pixels)
+    return imaging.image_to_rgb(msg.width, msg.height, msg.encoding, bool(msg.is_bigendian),
+                                msg.step, msg.data, max_pixels=max_pixels, size=size)
+
+
+GroundTruth = dict[int, dict[str, tuple[float, float, float, float]]]
+
+
+def load_ground_truth(path: str | Path, topic: str) -> GroundTruth:
+    """Ground-truth boxes per frame stamp from a JSON ``std_msgs/String`` topic (or ``{}``).
+
+    Each message: ``{"stamp_ns": int, "objects": [{"label": str, "box": [x0, y0, x1, y1]}]}``.
+    """
+    info = bag_info(path)
+    if info.topics.get(topic) != STRING_TYPE:
+        return {}
+    store = typestore()
+    truth: GroundTruth = {}
+    for _topic, msgtype, _t, data in messages(path, [topic]):
+        try:
+            doc = json.loads(store.deserialize_cdr(data, msgtype).data)
+            truth[int(doc["stamp_ns"])] = {str(o["label"]): tuple(float(v) for v in o["box"])
+                                           for o in doc["objects"]}
+        except (ValueError, KeyError, TypeError) as e:
+            raise BagError(f"{str(path)!r} {topic}: a ground-truth message is not "
+                           f"{{stamp_ns, objects: [{{label, box}}]}} JSON ({e})") from e
+    return truth
+
+
+def truth_at(truth: GroundTruth, stamp_ns: int, tolerance_ns: int = 20_000_000
+             ) -> dict[str, tuple[float, float, float, float]] | None:
+    """Ground truth of the frame stamped ``stamp_ns`` (nearest within ``tolerance_ns``)."""
+    if not truth:
+        return None
+    if stamp_ns in truth:
+        return truth[stamp_ns]
+    nearest = min(truth, key=lambda s: abs(s - stamp_ns))
+    return truth[nearest] if abs(nearest - stamp_ns) <= tolerance_ns else None
+
+
+# --- writing results ---------------------------------------------------------------------------
+
+
+class ResultsBagWriter:
+    """Writes ``ReasoningResult`` messages (from their plain form) to a new rosbag2 bag."""
+
+    def __init__(self, path: str | Path, storage: str = "mcap",
+                 topic: str = "/cosmos_reason/results") -> None:
+        """Create the bag (the directory must not exist yet)."""
+        from rosbags.rosbag2 import StoragePlugin, Writer
+
+        if storage not in STORAGES:
+            raise BagError(f"storage={storage!r}: allowed {', '.join(STORAGES)}")
+        if Path(path).exists():
+            raise BagError(f"results bag {str(path)!r} already exists")
+        plugin = StoragePlugin.MCAP if storage == "mcap" else StoragePlugin.SQLITE3
+        self._writer = Writer(Path(path), version=9, storage_plugin=plugin)
+        self._writer.open()
+        self._conn = self._writer.add_connection(topic, RESULT_TYPE, typestore=typestore())
+        self.count = 0
+
+    def write(self, cdr: bytes, t_ns: int) -> None:
+        """Write one serialized result at bag time ``t_ns``."""
+        self._writer.write(self._conn, int(t_ns), cdr)
+        self.count += 1
+
+    def close(self) -> None:
+        """Finish the bag (writes metadata.yaml)."""
+        self._writer.close()
+
+    def __enter__(self) -> ResultsBagWriter:
+        """Context manager: close on exit."""
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """Close the bag."""
+        self.close()
+
+
+def read_results(path: str | Path, topic: str = "/cosmos_reason/results"
+                 ) -> list[dict[str, Any]]:
+    """Read a results bag back with the definitions stored in the bag itself (plain form)."""
+    from rosbags.typesys import Stores, get_types_from_msg, get_typestore
+
+    store = get_typestore(Stores.EMPTY)
+    out = []
+    with _reader(path) as reader:
+        conns = [c for c in reader.connections if c.topic == topic]
+        if not conns:
+            raise BagError(f"{str(path)!r} has no {topic} topic")
+        for conn in conns:
+            store.register(get_types_from_msg(conn.msgdef.data, conn.msgtype))
+        for conn, _t, data in reader.messages(connections=conns):
+            out.append(to_plain(store.deserialize_cdr(bytes(data), conn.msgtype)))
+    return out
