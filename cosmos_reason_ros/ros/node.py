@@ -9,6 +9,7 @@ goal, on the goal's own executor thread.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import math
 import signal
 import struct
@@ -23,6 +24,7 @@ from typing import Any
 import numpy as np
 import rclpy
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
+from rcl_interfaces.msg import SetParametersResult
 from rclpy.action import ActionServer, CancelResponse, GoalResponse
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallbackGroup
 from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
@@ -39,6 +41,7 @@ from cosmos_reason_ros.core.admission import GoalSlots
 from cosmos_reason_ros.core.annotate import draw_annotations
 from cosmos_reason_ros.core.frames import FrameHistory, StoredFrame
 from cosmos_reason_ros.core.models import ModelProfile, detect_profile
+from cosmos_reason_ros.core.prefill import PrefillPolicy
 from cosmos_reason_ros.core.types import (
     BadImageError,
     BadRequestError,
@@ -47,6 +50,7 @@ from cosmos_reason_ros.core.types import (
     EngineError,
     EngineUnavailableError,
     ErrorCode,
+    FinishReason,
     ImageTooOldError,
     NoImageError,
     OverloadedError,
@@ -119,7 +123,11 @@ class ReasonNode(Node):
             max_frames=p["image.history_frames"],
             max_bytes=int(p["image.history_mb"] * 1024 * 1024), clock=self._now_ns)
         self.slots = GoalSlots(p["limits.max_concurrent_goals"], p["limits.max_queued_goals"])
-        self.runner = EngineRunner(create_engine(p["engine.kind"], engine_options(p)))
+        try:
+            engine = create_engine(p["engine.kind"], engine_options(p))
+        except ValueError as e:  # the engine's own config checks (e.g. api_key_env)
+            raise ConfigError(f"invalid engine.* parameters: {e}") from e
+        self.runner = EngineRunner(engine)
         self._stopping = threading.Event()
         self._counters_lock = threading.Lock()
         self.counters = {"succeeded": 0, "aborted": 0, "canceled": 0, "rejected": 0}
@@ -129,6 +137,13 @@ class ReasonNode(Node):
         self._periodic_busy = threading.Event()
         self.periodic_counts = {"run": 0, "skipped": 0, "failed": 0}
         self._last_frame_monotonic: float | None = None
+
+        # Speculative prefill of the newest frame (see core/prefill.py).
+        self.prefill = PrefillPolicy(skip_while_busy=p["prefill.skip_while_busy"])
+        self._prefill_enabled = p["prefill.enabled"]
+        self._prefill_lock = threading.Lock()
+        self._prefill_handle: Any = None
+        self._prefill_abort = False
 
         self.results_pub = self.create_publisher(ReasoningResult, "~/results", 50)
         self.diagnostics_pub = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
@@ -187,10 +202,26 @@ class ReasonNode(Node):
         if p["periodic.enabled"]:
             self.create_timer(p["periodic.period_s"], self._on_periodic_timer,
                               callback_group=timer_group)
+        # Always created: prefill.enabled can be switched on at runtime.
+        self.create_timer(p["prefill.period_s"], self._on_prefill_timer,
+                          callback_group=timer_group)
+        self.add_on_set_parameters_callback(self._on_set_parameters)
         self.get_logger().info(
             f"ready: model={self.runner.model_name} family={self.profile.key} "
             f"engine={p['engine.kind']} startup_s={time.monotonic() - t0:.1f} "
-            f"max_concurrent_goals={self.slots.max_running}")
+            f"max_concurrent_goals={self.slots.max_running} prefill={self._prefill_enabled}")
+
+    def _on_set_parameters(self, params: list[Any]) -> SetParametersResult:
+        # Only RUNTIME_PARAMS reach here (the rest are declared read-only); all are bools.
+        for param in params:
+            if not isinstance(param.value, bool):
+                return SetParametersResult(successful=False,
+                                           reason=f"{param.name} must be a bool")
+        for param in params:
+            if param.name == "prefill.enabled":
+                self._prefill_enabled = param.value
+            self.get_logger().info(f"{param.name} set to {param.value}")
+        return SetParametersResult(successful=True)
 
     def close(self) -> None:
         """Stop taking goals, end running ones, and shut the engine down."""
@@ -275,6 +306,8 @@ class ReasonNode(Node):
             msg.header = messages.source_header(media.header)
             msg.frame_stamps = messages.stamps(media.stamps_ns)
             timings["preprocess_s"] = time.monotonic() - t_accept - timings["queue_s"]
+            self._make_way_for(media.stamps_ns[-1])
+            self.prefill.goal_frame(media.stamps_ns[-1])
             outcome, ttft = self._generate(goal_handle, spec, media, deadline, t_accept)
             timings["time_to_first_token_s"] = ttft
             messages.fill_outcome(msg, outcome, media.prepared.geometry,
@@ -363,7 +396,10 @@ class ReasonNode(Node):
         if goal.source == Goal.SOURCE_CLIP:
             return self._acquire_clip(goal)
         self._feedback(goal_handle, Feedback.STAGE_WAITING_FOR_IMAGE, t_accept)
-        frame = self._pick_frame(goal, goal_handle, deadline, t_accept)
+        return self._frame_media(self._pick_frame(goal, goal_handle, deadline, t_accept))
+
+    def _frame_media(self, frame: StoredFrame[RawFrame]) -> _Media:
+        """Decode and prepare a stored frame: one path for goals and prefills alike."""
         message = self._deserialize(frame)
         if frame.payload.compressed:
             rgb = self._compressed_to_rgb(message)
@@ -584,6 +620,7 @@ class ReasonNode(Node):
             msg.header = messages.source_header(media.header)
             msg.frame_stamps = messages.stamps(media.stamps_ns)
             msg.preprocess_s = time.monotonic() - t0
+            self._make_way_for(media.stamps_ns[-1])
             outcome, ttft = self._generate(handle, spec, media, deadline, t0, priority=1)
             messages.fill_outcome(msg, outcome, media.prepared.geometry)
             msg.time_to_first_token_s = ttft
@@ -603,6 +640,56 @@ class ReasonNode(Node):
             msg.total_s = time.monotonic() - t0
             self._publish_result(msg)
             self._periodic_busy.clear()
+
+    # --- speculative prefill ---------------------------------------------------------------
+
+    def _on_prefill_timer(self) -> None:
+        if not self._prefill_enabled or self._stopping.is_set():
+            return
+        latest = self.history.latest()
+        busy = bool(self.slots.running or self.slots.queued or self._periodic_busy.is_set())
+        if not self.prefill.try_start(None if latest is None else latest.stamp_ns, busy):
+            return
+        with self._prefill_lock:
+            self._prefill_abort = False
+            self._prefill_handle = None
+        threading.Thread(target=self._prefill_run, args=(latest,), name="prefill",
+                         daemon=True).start()
+
+    def _prefill_run(self, frame: StoredFrame[RawFrame]) -> None:
+        outcome = "failed"
+        try:
+            media = self._frame_media(frame)
+            request = query.build_prefill_request(uuid.uuid4().hex, self.profile,
+                                                  media.prepared,
+                                                  reasoning=self.params["prefill.reasoning"])
+            with self._prefill_lock:
+                if self._prefill_abort:
+                    outcome = "aborted"
+                    return
+                handle = self._prefill_handle = self.runner.submit(request)
+            _, final = handle.collect(timeout_s=self.params["limits.goal_timeout_s"])
+            outcome = "aborted" if final.finish_reason is FinishReason.CANCELLED else "run"
+        except CosmosReasonError as e:
+            self.get_logger().warning(f"prefill failed: code={e.code.name} message={e.message}",
+                                      throttle_duration_sec=30.0)
+        except Exception as e:  # noqa: BLE001 - a prefill must never take the node down
+            self.get_logger().error(f"prefill: internal error: {e!r}",
+                                    throttle_duration_sec=30.0)
+        finally:
+            with self._prefill_lock:
+                self._prefill_handle = None
+            self.prefill.finished(frame.stamp_ns, outcome)
+
+    def _make_way_for(self, stamp_ns: int) -> None:
+        """Abort a prefill of another frame before a goal or periodic run uses the engine."""
+        if not self.prefill.should_abort_for_goal(stamp_ns):
+            return
+        with self._prefill_lock:
+            self._prefill_abort = True
+            handle = self._prefill_handle
+        if handle is not None:
+            handle.cancel()
 
     # --- diagnostics ---------------------------------------------------------------------
 
@@ -638,6 +725,9 @@ class ReasonNode(Node):
             "goals_active": self.slots.running, "goals_queued": self.slots.queued,
             **{f"goals_{k}": v for k, v in counters.items()},
             **{f"periodic_{k}": v for k, v in periodic.items()},
+            "prefill_enabled": self._prefill_enabled,
+            **{(k if k.startswith("goals") else f"prefill_{k}"): v
+               for k, v in dataclasses.asdict(self.prefill.counts()).items()},
         }
         for i, name in ((0, "ttft"), (1, "total")):
             series = sorted(x[i] for x in latencies)
