@@ -1,0 +1,470 @@
+"""Statistics for the ``bench`` tool: medians, p95s, ratios, time-budget planning, tables.
+
+Pure Python (no rclpy, no vLLM, no numpy needed): the bench collects samples as plain dicts
+(one per request, every field a number, a string or None) and this module turns them into the
+figures of ``docs/PERFORMANCE.md``. Ratios are always computed from medians of samples taken
+side by side in one run, so machine drift between modes cancels out.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+Sample = Mapping[str, Any]
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (``q`` in 0..100) of ``values``; NaN when empty."""
+    if not 0 <= q <= 100:
+        raise ValueError(f"percentile q={q!r} must be within 0..100")
+    data = sorted(v for v in values if v is not None and not math.isnan(v))
+    if not data:
+        return math.nan
+    rank = max(0, min(len(data) - 1, math.ceil(q / 100 * len(data)) - 1))
+    return data[rank]
+
+
+def median(values: Sequence[float]) -> float:
+    """Median (mean of the two middle values for an even count); NaN when empty."""
+    data = sorted(v for v in values if v is not None and not math.isnan(v))
+    if not data:
+        return math.nan
+    mid = len(data) // 2
+    return data[mid] if len(data) % 2 else (data[mid - 1] + data[mid]) / 2
+
+
+@dataclass(frozen=True)
+class Summary:
+    """Median, p95 and count of one metric over one group of samples."""
+
+    n: int
+    median: float
+    p95: float
+
+    @classmethod
+    def of(cls, values: Iterable[float | None]) -> Summary:
+        """Summarize the finite values (None and NaN are skipped)."""
+        data = [float(v) for v in values if v is not None and not math.isnan(float(v))]
+        return cls(len(data), median(data), percentile(data, 95))
+
+
+def group(samples: Iterable[Sample], keys: Sequence[str],
+          where: Callable[[Sample], bool] | None = None) -> dict[tuple[Any, ...], list[Sample]]:
+    """Group successful, measured samples by the values of ``keys``, in first-seen order.
+
+    Failed samples (``ok`` false) and warm-up samples (``warmup`` true) are left out.
+    """
+    out: dict[tuple[Any, ...], list[Sample]] = defaultdict(list)
+    for s in samples:
+        if not s.get("ok", False) or s.get("warmup") or (where is not None and not where(s)):
+            continue
+        out[tuple(s.get(k) for k in keys)].append(s)
+    return dict(out)
+
+
+def summarize(samples: Iterable[Sample], keys: Sequence[str], metric: str,
+              where: Callable[[Sample], bool] | None = None) -> dict[tuple[Any, ...], Summary]:
+    """``Summary`` of ``metric`` per group of ``keys``."""
+    return {k: Summary.of(s.get(metric) for s in group_samples)
+            for k, group_samples in group(samples, keys, where).items()}
+
+
+def ratio(numerator: float, denominator: float) -> float:
+    """``numerator / denominator``; NaN when either is missing or the denominator is 0."""
+    if any(v is None or math.isnan(v) for v in (numerator, denominator)) or denominator == 0:
+        return math.nan
+    return numerator / denominator
+
+
+@dataclass(frozen=True)
+class Overhead:
+    """What a mode adds on top of a reference mode (both medians of paired rounds)."""
+
+    reference_ms: float
+    mode_ms: float
+
+    @property
+    def ms(self) -> float:
+        """Added time in milliseconds."""
+        return self.mode_ms - self.reference_ms
+
+    @property
+    def percent(self) -> float:
+        """Added time as a percentage of the mode's own end-to-end time."""
+        return 100.0 * ratio(self.ms, self.mode_ms)
+
+
+def paired_overhead(samples: Iterable[Sample], mode: str, reference: str, metric: str,
+                    keys: Sequence[str] = ("size", "length"),
+                    where: Callable[[Sample], bool] | None = None,
+                    ) -> dict[tuple[Any, ...], tuple[Overhead, Summary]]:
+    """Per group: medians of ``mode`` and ``reference``, and the median of per-round deltas.
+
+    Samples of the two modes taken in the same round (same ``round`` and group) are paired;
+    the delta distribution (mode - reference, ms) is robust to drift across rounds.
+    """
+    by_key: dict[tuple[Any, ...], dict[str, dict[Any, float]]] = defaultdict(
+        lambda: defaultdict(dict))
+    for s in samples:
+        if not s.get("ok") or s.get("warmup") or s.get("mode") not in (mode, reference) \
+                or s.get(metric) is None or (where is not None and not where(s)):
+            continue
+        k = tuple(s.get(x) for x in keys)
+        by_key[k][s["mode"]][s.get("round")] = float(s[metric]) * 1e3
+    out = {}
+    for k, modes in by_key.items():
+        ref, mod = modes.get(reference, {}), modes.get(mode, {})
+        if not ref or not mod:
+            continue
+        deltas = [mod[r] - ref[r] for r in mod if r in ref]
+        out[k] = (Overhead(median(list(ref.values())), median(list(mod.values()))),
+                  Summary.of(deltas))
+    return out
+
+
+def throughput(batches: Iterable[Sample]) -> dict[tuple[Any, ...], Summary]:
+    """Output tokens per second per (mode, concurrency), from batch samples.
+
+    A batch sample carries ``concurrency``, ``wall_s`` (first submit to last result) and
+    ``output_tokens`` (sum over the batch's requests).
+    """
+    values: dict[tuple[Any, ...], list[float]] = defaultdict(list)
+    for b in batches:
+        if not b.get("ok") or b.get("warmup") or not b.get("wall_s"):
+            continue
+        values[(b.get("mode"), b.get("concurrency"))].append(b["output_tokens"] / b["wall_s"])
+    return {k: Summary.of(v) for k, v in values.items()}
+
+
+def scaling(tput: Mapping[tuple[Any, ...], Summary], mode: str) -> dict[int, float]:
+    """N-way throughput divided by 1-way throughput (medians) for ``mode``."""
+    one = tput.get((mode, 1))
+    if one is None:
+        return {}
+    return {n: ratio(s.median, one.median) for (m, n), s in sorted(tput.items(),
+                                                                   key=lambda kv: str(kv[0]))
+            if m == mode}
+
+
+def growth(series: Sequence[tuple[float, float]], skip_fraction: float = 0.1) -> float:
+    """Growth of a (x, value) series: median of the last 10% minus median after warm-up.
+
+    The first ``skip_fraction`` of the points is warm-up (allocator pools, caches filling);
+    medians instead of single points keep one noisy sample from deciding the result.
+    """
+    if len(series) < 2:
+        return math.nan
+    values = [v for _, v in series]
+    start = int(len(values) * skip_fraction)
+    tail = max(1, len(values) // 10)
+    base = values[start:start + tail] or values[:1]
+    return median(values[-tail:]) - median(base)
+
+
+# --- time budget ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Slice:
+    """The share of the remaining time one phase may use."""
+
+    name: str
+    weight: float
+
+
+def plan_slices(remaining_s: float, phases: Sequence[Slice]) -> dict[str, float]:
+    """Split ``remaining_s`` among phases in proportion to their weights."""
+    if remaining_s < 0:
+        remaining_s = 0.0
+    total = sum(p.weight for p in phases if p.weight > 0)
+    if total <= 0:
+        return {p.name: 0.0 for p in phases}
+    return {p.name: remaining_s * max(0.0, p.weight) / total for p in phases}
+
+
+def rounds_that_fit(slice_s: float, round_s: float, wanted: int, minimum: int = 1) -> int:
+    """How many rounds of ``round_s`` fit in ``slice_s``, between ``minimum`` and ``wanted``."""
+    if wanted <= 0:
+        return 0
+    if round_s <= 0 or math.isnan(round_s):
+        return wanted
+    return max(min(minimum, wanted), min(wanted, int(slice_s // round_s)))
+
+
+# --- rendering ------------------------------------------------------------------------------
+
+
+def fmt(value: float | None, digits: int = 1) -> str:
+    """Format a number for a table cell; a dash when missing."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "–"
+    return f"{value:.{digits}f}"
+
+
+def table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    """Render a markdown table (numbers right-aligned)."""
+    rows = [list(map(str, r)) for r in rows]
+    align = ["---:" if rows and all(_numeric(r[i]) for r in rows) else "---"
+             for i in range(len(header))]
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(align) + "|"]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def _numeric(text: str) -> bool:
+    try:
+        float(text.rstrip("x%").replace("+", ""))
+        return True
+    except ValueError:
+        return text == "–"
+
+
+def sort_key(value: Any) -> tuple[int, Any]:
+    """Sort mixed keys: numbers first by value, then strings (sizes 'WxH' by pixel count)."""
+    if isinstance(value, (int, float)):
+        return (0, value)
+    if isinstance(value, str) and "x" in value:
+        w, _, h = value.partition("x")
+        if w.isdigit() and h.isdigit():
+            return (1, int(w) * int(h))
+    return (2, str(value))
+
+
+# --- the report -----------------------------------------------------------------------------
+
+TARGETS = {
+    "cpu": {"overhead_ms": 5.0, "baseline_ratio": 3.0, "scaling_8": 2.5, "ingest_ms": 0.5,
+            "rss_mb": 20.0},
+    "gpu": {"overhead_percent": 3.0, "scaling_8": 5.0, "second_ratio": 0.5},
+}
+
+
+def _ms(value: float) -> str:
+    return fmt(value * 1e3 if value is not None and not math.isnan(value) else math.nan)
+
+
+def _check(ok: bool | None) -> str:
+    return "–" if ok is None else ("met" if ok else "MISSED")
+
+
+def _latency_phase(s: Sample) -> bool:
+    return s.get("phase") == "latency"
+
+
+def render_report(data: Mapping[str, Any]) -> str:
+    """Render the markdown report: medians and p95s per mode, ratios, targets, errors."""
+    meta = data.get("meta", {})
+    samples = data.get("samples", [])
+    extra = data.get("extra", {})
+    device = meta.get("device", "cpu")
+    lines = [f"# bench results ({device})", ""]
+    lines.append(f"`bench {' '.join(meta.get('argv', []))}` — started {meta.get('started', '?')}"
+                 f", model `{meta.get('model', '?')}`")
+    versions = meta.get("versions", {})
+    if versions:
+        lines.append("")
+        lines.append("Versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()))
+    if extra.get("start_s"):
+        lines.append("")
+        lines.append("Start (s, in parallel): " + ", ".join(
+            f"{k} {fmt(v)}" for k, v in extra["start_s"].items()))
+    lines += ["", "## Modes", ""]
+    rows = []
+    for name, status in data.get("modes", {}).items():
+        detail = status.get("error") or status.get("reason") or ""
+        if status.get("rounds") is not None:
+            detail = f"{status['rounds']}/{status.get('wanted')} rounds " + detail
+        rows.append((name, status.get("status", "?"), fmt(status.get("elapsed_s")),
+                     str(detail).replace("\n", " ").replace("|", "/")[:300]))
+    lines.append(table(("mode", "status", "seconds", "detail"), rows))
+
+    targets = TARGETS.get(device, {})
+    checks: list[tuple[str, str, str]] = []
+
+    # Latency per mode, size and length.
+    ttft = summarize(samples, ("mode", "size", "length"), "ttft_s", _latency_phase)
+    e2e = summarize(samples, ("mode", "size", "length"), "e2e_s", _latency_phase)
+    toks = summarize(samples, ("mode", "size", "length"), "output_tokens", _latency_phase)
+    if e2e:
+        lines += ["", "## Latency (ms; client-observed; median / p95)", ""]
+        rows = []
+        for key in sorted(e2e, key=lambda k: (sort_key(k[1]), sort_key(k[2]), str(k[0]))):
+            t, e, n = ttft.get(key), e2e[key], toks.get(key)
+            tps = (n.median / e.median) if n and e.median else math.nan
+            rows.append((key[1], key[2], key[0], e.n, _ms(t.median if t else math.nan),
+                         _ms(t.p95 if t else math.nan), _ms(e.median), _ms(e.p95),
+                         fmt(n.median if n else math.nan, 0), fmt(tps, 0)))
+        lines.append(table(("size", "length", "mode", "n", "TTFT p50", "TTFT p95", "e2e p50",
+                            "e2e p95", "out tokens", "tok/s"), rows))
+
+    over = paired_overhead(samples, "node", "engine", "e2e_s", where=_latency_phase)
+    if over:
+        lines += ["", "## Node overhead over the bare engine (end-to-end, paired rounds)", ""]
+        rows = []
+        for key in sorted(over, key=lambda k: (sort_key(k[0]), sort_key(k[1]))):
+            o, d = over[key]
+            rows.append((key[0], key[1], d.n, fmt(o.reference_ms), fmt(o.mode_ms), fmt(d.median),
+                         fmt(d.p95), fmt(100 * ratio(d.median, o.mode_ms))))
+        lines.append(table(("size", "length", "pairs", "engine p50 ms", "node p50 ms",
+                            "overhead p50 ms", "overhead p95 ms", "% of node e2e"), rows))
+        at720 = [(o, d) for k, (o, d) in over.items() if k[0] == "1280x720"]
+        if at720:
+            worst_ms = max(d.median for _, d in at720)
+            worst_pct = max(100 * ratio(d.median, o.mode_ms) for o, d in at720)
+            if "overhead_ms" in targets:
+                checks.append(("node overhead p50 at 1280x720 (worst length)",
+                               f"{fmt(worst_ms)} ms (target <= {targets['overhead_ms']:g} ms)",
+                               _check(worst_ms <= targets["overhead_ms"])))
+            if "overhead_percent" in targets:
+                checks.append(("node overhead at 1280x720 (worst length)",
+                               f"{fmt(worst_pct)} % (target <= {targets['overhead_percent']:g} %)",
+                               _check(worst_pct <= targets["overhead_percent"])))
+
+    base = paired_overhead(samples, "baseline", "node", "e2e_s", where=_latency_phase)
+    if base:
+        lines += ["", "## Node vs the HTTP-client baseline (end-to-end medians)", ""]
+        rows = []
+        short_ratios = []
+        for key in sorted(base, key=lambda k: (sort_key(k[0]), sort_key(k[1]))):
+            o, d = base[key]
+            r = ratio(o.mode_ms, o.reference_ms)
+            if key[1] == "short":
+                short_ratios.append(r)
+            t_node = ttft.get(("node", *key))
+            t_base = ttft.get(("baseline", *key))
+            rt = ratio(t_base.median, t_node.median) if t_node and t_base else math.nan
+            rows.append((key[0], key[1], fmt(o.reference_ms), fmt(o.mode_ms), fmt(d.median),
+                         f"{fmt(r, 2)}x", f"{fmt(rt, 2)}x"))
+        lines.append(table(("size", "length", "node p50 ms", "baseline p50 ms",
+                            "baseline - node p50 ms", "e2e baseline/node", "TTFT baseline/node"),
+                           rows))
+        if short_ratios and "baseline_ratio" in targets:
+            worst = min(short_ratios)
+            checks.append(("baseline/node latency, short answers (worst size)",
+                           f"{fmt(worst, 2)}x (target >= {targets['baseline_ratio']:g}x)",
+                           _check(worst >= targets["baseline_ratio"])))
+
+    tput = throughput(data.get("batches", []))
+    if tput:
+        lines += ["", "## Concurrency (output tokens/s over the batch; median / p95)", ""]
+        rows = []
+        for mode in sorted({k[0] for k in tput}):
+            sc = scaling(tput, mode)
+            for (m, n), s in sorted(tput.items(), key=lambda kv: (str(kv[0][0]), kv[0][1])):
+                if m == mode:
+                    rows.append((mode, n, s.n, fmt(s.median), fmt(s.p95),
+                                 f"{fmt(sc.get(n, math.nan), 2)}x"))
+        status = data.get("modes", {}).get("concurrency", {})
+        lines.append(f"Image {status.get('size', '?')}, {status.get('max_tokens', '?')} output "
+                     f"tokens per request; node: N goals on one fresh frame; engine: N pictures.")
+        lines.append("")
+        lines.append(table(("mode", "N", "batches", "tok/s p50", "tok/s p95", "vs N=1"), rows))
+        s8 = scaling(tput, "node").get(8)
+        if s8 is not None and "scaling_8" in targets:
+            checks.append(("node throughput, 8 concurrent vs 1", f"{fmt(s8, 2)}x (target >= "
+                           f"{targets['scaling_8']:g}x)", _check(s8 >= targets["scaling_8"])))
+
+    second = summarize(samples, ("mode", "size", "question"), "ttft_s",
+                       lambda s: s.get("phase") == "second")
+    cached = summarize(samples, ("mode", "size", "question"), "cached_prompt_tokens",
+                       lambda s: s.get("phase") == "second")
+    if second:
+        lines += ["", "## Second question on the same frame (TTFT ms, median)", ""]
+        rows = []
+        worst_node = []
+        for mode, size in sorted({(k[0], k[1]) for k in second},
+                                 key=lambda k: (sort_key(k[1]), k[0])):
+            q1, q2 = second.get((mode, size, 1)), second.get((mode, size, 2))
+            if not q1 or not q2:
+                continue
+            r = ratio(q2.median, q1.median)
+            if mode == "node":
+                worst_node.append(r)
+            c1, c2 = cached.get((mode, size, 1)), cached.get((mode, size, 2))
+            rows.append((size, mode, q1.n, _ms(q1.median), _ms(q2.median), f"{fmt(r, 2)}x",
+                         fmt(c1.median if c1 else math.nan, 0),
+                         fmt(c2.median if c2 else math.nan, 0)))
+        lines.append(table(("size", "mode", "pairs", "Q1 TTFT", "Q2 TTFT", "Q2/Q1",
+                            "Q1 cached tokens", "Q2 cached tokens"), rows))
+        if worst_node and "second_ratio" in targets:
+            checks.append(("node second-question TTFT / first (worst size)",
+                           f"{fmt(max(worst_node), 2)}x (target <= {targets['second_ratio']}x)",
+                           _check(max(worst_node) <= targets["second_ratio"])))
+
+    cb, ingest = extra.get("ingest_callback"), extra.get("ingest")
+    if cb or ingest:
+        lines += ["", "## Image ingest (1920x1080 rgb8, 30 Hz)", ""]
+        rows = []
+        if isinstance(cb, Mapping):
+            rows.append(("node camera callback, in-process (median / p95 ms)",
+                         f"{fmt(cb.get('median_ms'), 3)} / {fmt(cb.get('p95_ms'), 3)}"))
+        if isinstance(ingest, Mapping):
+            rows += [
+                ("node process CPU, camera only (%)", fmt(ingest.get("camera_only_cpu_percent"))),
+                ("node process CPU per frame, camera only (ms)",
+                 fmt(ingest.get("camera_only_cpu_ms_per_frame"), 3)),
+                ("node process CPU, goals only (%)", fmt(ingest.get("goals_only_cpu_percent"))),
+                ("node process CPU, camera + goals (%)",
+                 fmt(ingest.get("camera_and_goals_cpu_percent"))),
+                ("extra CPU per frame while goals run (ms)",
+                 fmt(ingest.get("with_goals_extra_cpu_ms_per_frame"), 3)),
+            ]
+        phases = extra.get("ingest_phases") or {}
+        for name, ph in phases.items():
+            rows.append((f"phase {name}: frames published / received, goals",
+                         f"{ph.get('frames_published')} / {ph.get('frames_received')}, "
+                         f"{ph.get('goals')}"))
+        lines.append(table(("measure", "value"), rows))
+        if isinstance(cb, Mapping) and "ingest_ms" in targets:
+            checks.append(("camera callback per 1080p frame (median)",
+                           f"{fmt(cb.get('median_ms'), 3)} ms (target <= "
+                           f"{targets['ingest_ms']} ms)",
+                           _check(cb.get("median_ms", math.inf) <= targets["ingest_ms"])))
+
+    mem = extra.get("memory")
+    if isinstance(mem, Mapping):
+        lines += ["", "## Memory (node process RSS)", ""]
+        lines.append(table(("frames", "goals", "frame size", "RSS start MB", "RSS end MB",
+                            "growth MB (after warm-up)"),
+                           [(f"{mem.get('frames')}/{mem.get('frames_wanted')}",
+                             f"{mem.get('goals')}/{mem.get('goals_wanted')}",
+                             mem.get("frame_size"), fmt(mem.get("rss_start_mb")),
+                             fmt(mem.get("rss_end_mb")), fmt(mem.get("rss_growth_mb")))]))
+        if "rss_mb" in targets and mem.get("rss_growth_mb") is not None:
+            checks.append(("node RSS growth", f"{fmt(mem['rss_growth_mb'])} MB (target <= "
+                           f"{targets['rss_mb']:g} MB)",
+                           _check(mem["rss_growth_mb"] <= targets["rss_mb"])))
+
+    pre = summarize(samples, ("prefill",), "ttft_s", lambda s: s.get("phase") == "prefill")
+    pre_cached = summarize(samples, ("prefill",), "cached_prompt_tokens",
+                           lambda s: s.get("phase") == "prefill")
+    if pre:
+        lines += ["", "## Goal on the latest frame of a 5 Hz camera: prefill on vs off", ""]
+        rows = [("on" if k[0] else "off", s.n, _ms(s.median), _ms(s.p95),
+                 fmt(pre_cached[k].median if k in pre_cached else math.nan, 0))
+                for k, s in sorted(pre.items(), key=lambda kv: not kv[0][0])]
+        lines.append(table(("prefill", "n", "TTFT p50 ms", "TTFT p95 ms", "cached tokens p50"),
+                           rows))
+        diag = extra.get("prefill_diagnostics")
+        if diag:
+            lines.append("")
+            lines.append("Diagnostics: " + ", ".join(
+                f"{k} {v.get('before')} -> {v.get('after')}" for k, v in diag.items()))
+
+    if checks:
+        lines += ["", "## Targets", ""]
+        lines.append(table(("target", "measured", "result"), checks))
+    failed = [s for s in samples if not s.get("ok")]
+    if failed:
+        lines += ["", f"## Failed requests: {len(failed)}", ""]
+        seen: dict[str, int] = {}
+        for s in failed:
+            key = f"{s.get('phase')}/{s.get('mode')}: {str(s.get('error'))[:200]}"
+            seen[key] = seen.get(key, 0) + 1
+        lines += [f"- {n} x {k}" for k, n in list(seen.items())[:20]]
+    lines.append("")
+    return "\n".join(lines)
