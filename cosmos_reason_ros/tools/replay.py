@@ -56,6 +56,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 SOURCES = {"latest": 0, "next": 1, "clip": 2}
 EXIT_OK, EXIT_REGRESSION, EXIT_BAD_INPUT, EXIT_UNREACHABLE = 0, 1, 2, 3
 NS = 1_000_000_000
+NEXT_FRAMES = 3  # frames published after a 'next' goal before --rate max waits for it
 _LOG = logging.getLogger("replay")
 
 
@@ -322,8 +323,10 @@ class _NodePlayer:
             if fb.stage == "waiting_for_image":
                 stage.set()
 
+        # A 'next' goal needs frames published after its acceptance before anyone waits on
+        # it; a few, in case a best-effort camera subscription drops one.
         pending = _Pending(item, self.client.submit(goal, on_feedback), stage,
-                           frames_needed=1 if g.source == "next" else 0)
+                           frames_needed=NEXT_FRAMES if g.source == "next" else 0)
         self.pending.append(pending)
         if g.source == "next":  # the next frame must come after the goal's acceptance
             end = time.monotonic() + self.cfg.connect_timeout_s
@@ -668,7 +671,8 @@ def print_summary(run: ReplayRun, out: Any = sys.stdout) -> None:
         print(f"replay: report {run.report}", file=out)
 
 
-def _rate(text: str) -> float | None:
+def parse_rate(text: str) -> float | None:
+    """``--rate``: a positive factor of the recorded rate, or ``max`` (``None``)."""
     if text == "max":
         return None
     try:
@@ -695,7 +699,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--scenario", type=Path, required=True, help="scenario YAML")
     ap.add_argument("--out", type=Path, required=True, help="output directory")
     ap.add_argument("--mode", choices=("node", "offline"), default="node")
-    ap.add_argument("--rate", type=_rate, default=1.0,
+    ap.add_argument("--rate", type=parse_rate, default=1.0,
                     help="playback rate (1 = recorded) or 'max' (node mode)")
     ap.add_argument("--image-topic", default="", help="the bag's camera topic (default: "
                     "the scenario's, else the bag's only image topic)")
