@@ -26,6 +26,7 @@ setup(
             "query = cosmos_reason_ros.tools.query:main",
             "demo = cosmos_reason_ros.tools.demo:main",
             "tiny_model = cosmos_reason_ros.tools.tiny_model:main",
+            "bench = cosmos_reason_ros.tools.bench:main",
             "soak = cosmos_reason_ros.tools.soak:main",
         ],
     },

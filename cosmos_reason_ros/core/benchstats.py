@@ -404,14 +404,18 @@ def render_report(data: Mapping[str, Any]) -> str:
                          f"{fmt(cb.get('median_ms'), 3)} / {fmt(cb.get('p95_ms'), 3)}"))
         if isinstance(ingest, Mapping):
             rows += [
+                ("node process CPU, idle (%)", fmt(ingest.get("idle_cpu_percent"))),
                 ("node process CPU, camera only (%)", fmt(ingest.get("camera_only_cpu_percent"))),
-                ("node process CPU per frame, camera only (ms)",
+                ("node process CPU per frame above idle, camera only (ms)",
                  fmt(ingest.get("camera_only_cpu_ms_per_frame"), 3)),
                 ("node process CPU, goals only (%)", fmt(ingest.get("goals_only_cpu_percent"))),
                 ("node process CPU, camera + goals (%)",
                  fmt(ingest.get("camera_and_goals_cpu_percent"))),
                 ("extra CPU per frame while goals run (ms)",
                  fmt(ingest.get("with_goals_extra_cpu_ms_per_frame"), 3)),
+                ("goals/s without / with the camera",
+                 f"{fmt(ingest.get('goals_per_s_without_camera'), 2)} / "
+                 f"{fmt(ingest.get('goals_per_s_with_camera'), 2)}"),
             ]
         phases = extra.get("ingest_phases") or {}
         for name, ph in phases.items():
