@@ -32,6 +32,7 @@ class NodeProcess:
         for remap in remaps:
             args += ["-r", remap]
         self.lines: list[str] = []
+        self._eof = False
         self._cond = threading.Condition()
         self.proc = subprocess.Popen(
             args, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -45,6 +46,7 @@ class NodeProcess:
                 self.lines.append(line.rstrip("\n"))
                 self._cond.notify_all()
         with self._cond:
+            self._eof = True
             self._cond.notify_all()
 
     @property
@@ -61,12 +63,9 @@ class NodeProcess:
                 if any(needle in line for line in self.lines):
                     return True
                 remaining = deadline - time.monotonic()
-                if remaining <= 0 or self.proc.poll() is not None and not self._more():
+                if remaining <= 0 or self._eof:  # output ends when the process exits
                     return any(needle in line for line in self.lines)
                 self._cond.wait(min(remaining, 0.5))
-
-    def _more(self) -> bool:
-        return self.proc.stdout is not None and not self.proc.stdout.closed
 
     def wait_ready(self, timeout_s: float = 300.0) -> None:
         """Block until the node logs that it is ready; raise with its output otherwise."""

@@ -191,6 +191,31 @@ def build_request(
     )
 
 
+PREFILL_PRIORITY = 2  # lowest: goals run at 0, periodic runs at 1 (vLLM: larger = later)
+
+
+def build_prefill_request(
+    request_id: str,
+    profile: ModelProfile,
+    media: PreparedMedia,
+    *,
+    reasoning: bool = False,
+) -> ChatRequest:
+    """Build a one-token request over only the shared prefix (system turn + media).
+
+    Every goal about the same prepared media starts with exactly these messages and pixels
+    (``build_request`` extends the same media turn with its text), so once this request has
+    run, the engine's prefix and multimodal caches serve that part of the goal's prompt.
+    """
+    messages = prompts.prefix_messages(
+        profile, n_images=len(media.images), video=media.video is not None, reasoning=reasoning,
+    )
+    return ChatRequest(
+        request_id=request_id, messages=messages, sampling=Sampling(max_tokens=1, temperature=0.0),
+        images=media.images, video=media.video, priority=PREFILL_PRIORITY, reasoning=reasoning,
+    )
+
+
 @dataclass
 class OutputAccumulator:
     """Collects streamed chunks of one generation (text, reasoning, counts, timing)."""

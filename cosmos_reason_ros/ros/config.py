@@ -27,6 +27,7 @@ class Param:
     default: Any
     description: str
     check: Callable[[Any], str | None] | None = None  # returns a problem, or None if fine
+    runtime: bool = False  # may be set while the node runs (all others are read-only)
 
 
 def _choice(*allowed: str) -> Callable[[Any], str | None]:
@@ -155,6 +156,19 @@ PARAMS: tuple[Param, ...] = (
     Param("periodic.targets", "", "Comma-separated targets for periodic ground/point runs."),
     Param("periodic.max_tokens", 256, "Output token limit of a periodic run.",
           _range(1, 1_000_000)),
+    # --- prefill.* ----------------------------------------------------------------------
+    Param("prefill.enabled", False, "Speculatively prefill the newest frame (system prompt + "
+          "image tokens, one output token) so goals about it hit the engine's prefix cache. "
+          "Settable at runtime. Needs engine.enable_prefix_caching (or a server with prefix "
+          "caching); off on single-sequence engines.", runtime=True),
+    Param("prefill.period_s", 0.2, "At most one prefill per this many seconds (the newest "
+          "frame at that moment; unchanged frames are not prefilled again).",
+          _range(0.01, 3600)),
+    Param("prefill.skip_while_busy", True, "Start no prefill while goals or a periodic run are "
+          "running or queued (a running prefill of another frame is always aborted when a "
+          "goal needs the engine)."),
+    Param("prefill.reasoning", False, "Prefill the prefix of goals with reasoning on (differs "
+          "only for Cosmos-Reason1 / Qwen2.5-VL, whose system prompt changes with it)."),
     # --- diagnostics.* -------------------------------------------------------------------
     Param("diagnostics.period_s", 1.0, "Seconds between /diagnostics messages.",
           _range(0.1, 60)),
@@ -165,6 +179,7 @@ PARAMS: tuple[Param, ...] = (
 )
 
 PARAMS_BY_NAME = {p.name: p for p in PARAMS}
+RUNTIME_PARAMS = tuple(p.name for p in PARAMS if p.runtime)
 
 
 def _same_type(default: Any, value: Any) -> bool:
@@ -281,8 +296,8 @@ def declare_and_load(node: Any) -> dict[str, Any]:
 
     values: dict[str, Any] = {}
     for param in PARAMS:
-        descriptor = ParameterDescriptor(description=param.description, read_only=True,
-                                         dynamic_typing=True)
+        descriptor = ParameterDescriptor(description=param.description,
+                                         read_only=not param.runtime, dynamic_typing=True)
         default = param.default
         declared = node.declare_parameter(param.name, default, descriptor)
         values[param.name] = declared.value

@@ -180,8 +180,12 @@ class ReasonNode(Node):
         """
         p = self.params
         t0 = time.monotonic()
+        remote = p["engine.kind"] == "openai"
         try:
-            self.runner.start(timeout_s=p["engine.start_timeout_s"])
+            # A remote engine gives up on its own after start_timeout_s and keeps checking in
+            # the background; the margin lets it, so goals reach it once the server is up.
+            self.runner.start(timeout_s=p["engine.start_timeout_s"] + (5.0 if remote else 0.0),
+                              usable_if_unavailable=remote)
         except CosmosReasonError as e:
             if p["engine.kind"] != "openai":
                 raise

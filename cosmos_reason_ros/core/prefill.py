@@ -1,0 +1,94 @@
+"""When to prefill the newest camera frame, and what it achieved (no ROS, no engine).
+
+Cosmos-Reason puts the media before the question, so the system prompt and the image tokens
+are a prefix shared by every question about a frame. Prefilling that prefix for the newest
+frame, before any goal asks, lets vLLM's prefix and multimodal caches hold it: a goal about
+that frame then only computes its own question. ``PrefillPolicy`` decides when a prefill may
+start (rate-limited by its caller's timer, one in flight, never while goals are busy unless
+configured), when a running one must give way to a goal, and counts the outcomes.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class PrefillCounts:
+    """Counters published in diagnostics."""
+
+    run: int = 0  # prefills that completed (the frame is in the engine's caches)
+    skipped: int = 0  # ticks with a new frame that did not start one (busy or in flight)
+    aborted: int = 0  # prefills cancelled because a goal on another frame needed the engine
+    failed: int = 0  # prefills that ended with an engine error
+    goals_on_prefilled_frame: int = 0  # goals whose frame had been prefilled
+
+
+class PrefillPolicy:
+    """Thread-safe decisions for speculative frame prefill; all methods are cheap."""
+
+    def __init__(self, skip_while_busy: bool = True, remember_frames: int = 16) -> None:
+        """``remember_frames`` bounds the record of prefilled stamps used to count hits."""
+        self.skip_while_busy = skip_while_busy
+        self._lock = threading.Lock()
+        self._in_flight: int | None = None  # stamp of the frame being prefilled
+        self._last_started: int | None = None
+        self._done: collections.deque[int] = collections.deque(maxlen=remember_frames)
+        self._counts = collections.Counter[str]()
+
+    def try_start(self, newest_stamp_ns: int | None, busy: bool) -> bool:
+        """Return True (and mark it in flight) if the newest frame should be prefilled now.
+
+        Nothing happens for a frame already prefilled or attempted; a new frame is skipped
+        (and counted) while another prefill runs or, with ``skip_while_busy``, while goals
+        are running or queued.
+        """
+        with self._lock:
+            if newest_stamp_ns is None or newest_stamp_ns == self._last_started:
+                return False
+            if self._in_flight is not None or (busy and self.skip_while_busy):
+                self._counts["skipped"] += 1
+                return False
+            self._in_flight = self._last_started = newest_stamp_ns
+            return True
+
+    def should_abort_for_goal(self, goal_stamp_ns: int) -> bool:
+        """Whether the prefill in flight must give way to a goal about ``goal_stamp_ns``.
+
+        A prefill of the goal's own frame is kept: the goal needs exactly that work, and
+        aborting it would only redo it.
+        """
+        with self._lock:
+            return self._in_flight is not None and self._in_flight != goal_stamp_ns
+
+    def finished(self, stamp_ns: int, outcome: str) -> None:
+        """Record the end of the prefill of ``stamp_ns``: 'run', 'aborted' or 'failed'."""
+        if outcome not in ("run", "aborted", "failed"):
+            raise ValueError(f"unknown prefill outcome {outcome!r}")
+        with self._lock:
+            if self._in_flight == stamp_ns:
+                self._in_flight = None
+            self._counts[outcome] += 1
+            if outcome == "run":
+                self._done.append(stamp_ns)
+
+    def goal_frame(self, stamp_ns: int) -> bool:
+        """Count and return whether a goal's frame had been prefilled."""
+        with self._lock:
+            hit = stamp_ns in self._done
+            if hit:
+                self._counts["goals_on_prefilled_frame"] += 1
+            return hit
+
+    @property
+    def in_flight(self) -> bool:
+        """True while a prefill is running."""
+        with self._lock:
+            return self._in_flight is not None
+
+    def counts(self) -> PrefillCounts:
+        """Return a snapshot of the counters."""
+        with self._lock:
+            return PrefillCounts(**{k: self._counts[k] for k in PrefillCounts.__annotations__})

@@ -1,0 +1,164 @@
+"""Speculative frame prefill on the real node (tiny model, CPU engine with prefix caching)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+
+rclpy = pytest.importorskip("rclpy", reason="needs the ROS 2 wheels (make setup)")
+from diagnostic_msgs.msg import DiagnosticArray  # noqa: E402
+from node_process import NodeProcess, rgb_image_msg, scene  # noqa: E402
+from rcl_interfaces.msg import Parameter, ParameterType, ParameterValue  # noqa: E402
+from rcl_interfaces.srv import SetParameters  # noqa: E402
+from rclpy.executors import MultiThreadedExecutor  # noqa: E402
+from rclpy.qos import QoSProfile, ReliabilityPolicy  # noqa: E402
+from sensor_msgs.msg import Image  # noqa: E402
+
+from cosmos_reason_ros.client import ReasonClient  # noqa: E402
+from cosmos_reason_ros.core import query  # noqa: E402
+from cosmos_reason_ros.core.models import detect_profile  # noqa: E402
+
+pytestmark = [pytest.mark.ros, pytest.mark.engine, pytest.mark.slow]
+WIDTH, HEIGHT = 640, 480
+# The tiny model sees at most 64 image tokens, so cache in small blocks to see them cached.
+BLOCK = 32  # the CPU attention backend needs a multiple of 32
+# A goal that generates for a while (up to 512 tokens of one long string), to observe
+# prefill while busy.
+LONG_SCHEMA = json.dumps({"type": "object", "properties": {"text": {
+    "type": "string", "minLength": 4000, "maxLength": 4000}}, "required": ["text"],
+    "additionalProperties": False})
+
+
+@pytest.fixture(scope="module")
+def node(tiny_qwen3_vl):
+    proc = NodeProcess("cpu_demo", {
+        "engine.model": str(tiny_qwen3_vl), "prefill.enabled": True, "prefill.period_s": 0.05,
+        "diagnostics.period_s": 0.2, "image.max_age_s": 60.0,
+        "image.qos_reliability": "reliable", "image.qos_depth": 10,
+        "engine.extra_args": "'" + json.dumps({"block_size": BLOCK}) + "'"})
+    proc.wait_ready()
+    yield proc
+    assert proc.stop() == 0, proc.output[-3000:]
+
+
+@pytest.fixture(scope="module")
+def io(node, tiny_qwen3_vl):
+    context = rclpy.context.Context()
+    rclpy.init(context=context)
+    test_node = rclpy.create_node("prefill_test_io", context=context)
+    executor = MultiThreadedExecutor(context=context)
+    executor.add_node(test_node)
+    threading.Thread(target=executor.spin, daemon=True).start()
+
+    class IO:
+        lock = threading.Condition()
+        diagnostics: list[dict[str, str]] = []
+
+    io = IO()
+    io.camera = test_node.create_publisher(
+        Image, "/image", QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE))
+
+    def on_diag(msg):
+        with io.lock:
+            io.diagnostics.append({kv.key: kv.value for kv in msg.status[0].values})
+            io.lock.notify_all()
+
+    test_node.create_subscription(DiagnosticArray, "/diagnostics", on_diag, 10)
+    io.set_params = test_node.create_client(SetParameters, "/cosmos_reason/set_parameters")
+    io.client = ReasonClient(context=context)
+    assert io.client.wait_for_server(30) and io.set_params.wait_for_service(30)
+    deadline = time.monotonic() + 30
+    while io.camera.get_subscription_count() == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    io.seed = 100
+
+    def publish_new_frame():
+        io.seed += 1
+        io.camera.publish(rgb_image_msg(scene(WIDTH, HEIGHT, seed=io.seed),
+                                        test_node.get_clock().now().nanoseconds))
+
+    def wait_diag(predicate, timeout_s=20.0):
+        with io.lock:
+            assert io.lock.wait_for(lambda: io.diagnostics and predicate(io.diagnostics[-1]),
+                                    timeout_s), io.diagnostics[-1:]
+            return dict(io.diagnostics[-1])
+
+    def set_param(name, value: bool):
+        param = Parameter(name=name, value=ParameterValue(type=ParameterType.PARAMETER_BOOL,
+                                                          bool_value=value))
+        future = io.set_params.call_async(SetParameters.Request(parameters=[param]))
+        deadline = time.monotonic() + 10
+        while not future.done() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return future.result().results[0]
+
+    io.publish_new_frame, io.wait_diag, io.set_param = publish_new_frame, wait_diag, set_param
+    profile = detect_profile(str(tiny_qwen3_vl))
+    io.image_tokens = profile.visual_tokens(*query.input_size(profile, WIDTH, HEIGHT))
+    yield io
+    io.client.close()
+    executor.shutdown()
+    test_node.destroy_node()
+    rclpy.try_shutdown(context=context)
+
+
+def counter(values, key):
+    return int(values[key])
+
+
+def test_goal_on_a_prefilled_frame_reports_the_image_as_cached(io):
+    assert io.set_param("prefill.enabled", True).successful
+    before = io.wait_diag(lambda d: d["prefill_enabled"] == "True")
+    io.publish_new_frame()
+    io.wait_diag(lambda d: counter(d, "prefill_run") > counter(before, "prefill_run"))
+    result = io.client.ask("What is on the table?", max_tokens=4)
+    assert result.ok, result.error_message
+    cached = result.message.cached_prompt_tokens
+    # Prefix caching works in whole KV blocks: all of the image's blocks but the one it shares
+    # with the question are served from the cache.
+    assert cached >= io.image_tokens - BLOCK, (cached, io.image_tokens)
+    after = io.wait_diag(lambda d: counter(d, "goals_on_prefilled_frame")
+                         > counter(before, "goals_on_prefilled_frame"))
+    assert counter(after, "prefill_failed") == 0
+
+    # Control, same run: with prefill off, a goal on a new frame computes the image itself.
+    assert io.set_param("prefill.enabled", False).successful
+    io.wait_diag(lambda d: d["prefill_enabled"] == "False")
+    io.publish_new_frame()
+    time.sleep(0.5)  # the frame arrives; nothing prefills it
+    control = io.client.ask("What is on the table?", max_tokens=4)
+    assert control.ok, control.error_message
+    assert control.message.cached_prompt_tokens < io.image_tokens - BLOCK <= cached
+    assert io.set_param("prefill.enabled", True).successful
+
+
+def test_no_prefill_starts_while_a_goal_runs(io):
+    io.publish_new_frame()
+    idle = io.wait_diag(lambda d: d["prefill_enabled"] == "True" and d["goals_active"] == "0")
+    handle = io.client.submit(io.client.goal("Describe the scene.", "vqa",
+                                             response_schema=LONG_SCHEMA, max_tokens=512))
+    busy = io.wait_diag(lambda d: d["goals_active"] == "1", 20)
+    for _ in range(3):  # new frames while the goal generates
+        io.publish_new_frame()
+        time.sleep(0.05)
+    during = io.wait_diag(lambda d: counter(d, "prefill_skipped")
+                          > counter(busy, "prefill_skipped"))
+    assert not handle.future.done(), "the goal ended before frames arrived: inconclusive"
+    result = handle.result(60)
+    assert result.ok, result.error_message
+    started_while_busy = (counter(during, "prefill_run") + counter(during, "prefill_aborted")
+                          + counter(during, "prefill_failed")) - (
+        counter(busy, "prefill_run") + counter(busy, "prefill_aborted")
+        + counter(busy, "prefill_failed"))
+    assert started_while_busy <= 1 and counter(idle, "prefill_failed") == 0
+    # Once idle again, the newest frame is prefilled.
+    io.wait_diag(lambda d: counter(d, "prefill_run") > counter(during, "prefill_run"))
+
+
+def test_only_prefill_enabled_changes_at_runtime(io):
+    refused = io.set_param("periodic.enabled", True)
+    assert not refused.successful and "read-only" in refused.reason
+    assert io.set_param("prefill.enabled", True).successful
