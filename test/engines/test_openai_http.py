@@ -177,6 +177,8 @@ class VllmServer:
             "--structured-outputs-config",
             '{"backend":"guidance","disable_any_whitespace":true}',
             "--disable-uvicorn-access-log",
+            # Cached-token counts in usage, in blocks small enough for the tiny model's images.
+            "--enable-prompt-tokens-details", "--block-size", "32",
         ]
         if api_key:
             args += ["--api-key", api_key]
@@ -617,6 +619,32 @@ def test_stalled_stream_hits_read_timeout() -> None:
 
 
 @pytest.mark.engine
+def test_prefilled_frame_is_served_from_the_server_prefix_cache(
+    server: VllmServer, key_env: str, tiny_qwen3_vl: Path
+) -> None:
+    from cosmos_reason_ros.core import query
+    from cosmos_reason_ros.core.models import detect_profile
+
+    profile = detect_profile(str(tiny_qwen3_vl))
+    spec = query.make_spec(profile, task="vqa", prompt="Is the cup full?", max_tokens=4)
+
+    async def go() -> tuple[int | None, int | None]:
+        async with engine_for(cfg(server.base)) as engine:
+            fresh = query.prepare_image(profile, image(seed=41, h=480, w=640))
+            control = await collect(engine, query.build_request("c", profile, spec, fresh))
+            media = query.prepare_image(profile, image(seed=42, h=480, w=640))
+            prefill = await collect(engine, query.build_prefill_request("p", profile, media))
+            assert prefill[-1].finish_reason is not FinishReason.ERROR
+            goal = await collect(engine, query.build_request("g", profile, spec, media))
+            return control[-1].cached_prompt_tokens, goal[-1].cached_prompt_tokens
+
+    control_cached, goal_cached = run(go())
+    image_tokens = profile.visual_tokens(*query.input_size(profile, 640, 480))
+    # Whole 32-token blocks of the shared prefix (system turn + image) come from the cache.
+    assert goal_cached is not None and goal_cached >= image_tokens - 32, goal_cached
+    assert (control_cached or 0) < goal_cached
+
+
 def test_streams_text_for_an_image_question(server: VllmServer, key_env: str) -> None:
     async def body() -> None:
         async with engine_for(cfg(server.base)) as engine:
