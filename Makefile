@@ -1,5 +1,7 @@
 # cosmos_reason_ros: one-command setup, tests, lint and demo on a machine without ROS.
-#   make demo                 set up if needed, then run the demo (CPU, tiny model)
+#   make demo                 set up if needed, then run the demo (CPU, tiny model):
+#                             recording -> node -> replay -> out/demo/replay/report.html
+#   make demo MODEL=/path/to/Cosmos-Reason2-2B   (GPU machine, x86_gpu preset, real answers)
 #   make test                 set up if needed, then run the whole test suite
 #   make test ROS_DISTRO=jazzy
 # Setup is idempotent: a re-run with nothing changed takes seconds.
@@ -20,7 +22,7 @@ lint: setup
 	@source $(ENVFILE) && ruff check . && echo "lint: clean"
 
 demo: setup
-	@source $(ENVFILE) && python -m cosmos_reason_ros.tools.demo $(DEMO_ARGS)
+	@source $(ENVFILE) && python -m cosmos_reason_ros.tools.demo $(if $(MODEL),--model $(MODEL)) $(DEMO_ARGS)
 
 lock:
 	@bash scripts/lock.sh $(ROS_DISTRO)

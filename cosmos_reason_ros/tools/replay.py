@@ -141,10 +141,12 @@ class Recorder:
         if self.bag_path.exists():
             raise ReplayError(f"{self.bag_path} exists: choose a new --out or remove it",
                               EXIT_BAD_INPUT)
-        self._jsonl = self.jsonl_path.open("w", encoding="utf-8")
-        self._bag = bagio.ResultsBagWriter(self.bag_path, cfg.results_storage or info.storage,
-                                           topic=f"/{cfg.node_name}/results")
+        # Records are streamed here as they finish (a crash keeps them); the final JSONL and
+        # the results bag are written in schedule order by ``close``.
+        self.partial_path = cfg.out / "results.jsonl.partial"
+        self._partial = self.partial_path.open("w", encoding="utf-8")
         self.records: list[dict[str, Any]] = []
+        self._cdr: dict[int, bytes] = {}
         self._lock = threading.Lock()
 
     def add(self, item: ScheduledQuery, status: str, plain: dict[str, Any]) -> dict[str, Any]:
@@ -163,16 +165,31 @@ class Recorder:
         }
         record["regression"] = scoring.is_regression(record, self.scenario.fail_on_error)
         with self._lock:
-            self._jsonl.write(json.dumps(record, ensure_ascii=False) + "\n")
-            self._jsonl.flush()
-            self._bag.write(cdr, scheduled_ns)
+            self._partial.write(json.dumps(record, ensure_ascii=False) + "\n")
+            self._partial.flush()
+            self._cdr[id(record)] = cdr
             self.records.append(record)
         return record
 
-    def close(self) -> None:
-        """Finish both files."""
-        self._jsonl.close()
-        self._bag.close()
+    def close(self, schedule: tuple[ScheduledQuery, ...]) -> list[dict[str, Any]]:
+        """Write the JSONL file and the results bag in schedule order; return the records.
+
+        Bag times are the scheduled times (strictly increasing: queries scheduled together
+        are 1 ns apart), so ``ros2 bag`` and ``rosbags`` read the results in this order too.
+        """
+        self._partial.close()
+        order = {(s.query.name, s.occurrence): i for i, s in enumerate(schedule)}
+        records = sorted(self.records, key=lambda r: order[(r["query"], r["occurrence"])])
+        last_ns = 0
+        with self.jsonl_path.open("w", encoding="utf-8") as jsonl, bagio.ResultsBagWriter(
+                self.bag_path, self.cfg.results_storage or self.info.storage,
+                topic=f"/{self.cfg.node_name}/results") as bag:
+            for r in records:
+                jsonl.write(json.dumps(r, ensure_ascii=False) + "\n")
+                last_ns = max(last_ns + 1, self.info.start_ns + int(round(r["t_s"] * NS)))
+                bag.write(self._cdr[id(r)], last_ns)
+        self.partial_path.unlink()
+        return records
 
 
 # --- through the node --------------------------------------------------------------------------
@@ -329,10 +346,16 @@ class _NodePlayer:
                            frames_needed=NEXT_FRAMES if g.source == "next" else 0)
         self.pending.append(pending)
         if g.source == "next":  # the next frame must come after the goal's acceptance
-            end = time.monotonic() + self.cfg.connect_timeout_s
-            while not stage.wait(0.05) and not pending.handle.future.done() \
+            # Sim time keeps flowing meanwhile (at the rate; 1x for --rate max): the node
+            # takes "frames received after the goal" by its clock, which must not stand still.
+            t_wait, clock0 = time.monotonic(), self.clock_ns
+            end = t_wait + self.cfg.connect_timeout_s
+            while not stage.wait(0.02) and not pending.handle.future.done() \
                     and time.monotonic() < end:
-                pass
+                self.publish_clock(clock0 + int((time.monotonic() - t_wait)
+                                                * (self.cfg.rate or 1.0) * NS))
+            self.publish_clock(clock0 + int((time.monotonic() - t_wait)
+                                            * (self.cfg.rate or 1.0) * NS))
 
     def collect(self, block: bool) -> None:
         """Record finished goals; with ``block``, first wait for those not needing frames."""
@@ -626,11 +649,9 @@ def run_replay(cfg: ReplayConfig) -> ReplayRun:
             run_through_node(cfg, scenario, schedule, info, image_topic, recorder, bar.update)
     finally:
         bar.close()
-        recorder.close()
         if offline is not None:
             offline.close()
-    order = {(s.query.name, s.occurrence): i for i, s in enumerate(schedule)}
-    records = sorted(recorder.records, key=lambda r: order[(r["query"], r["occurrence"])])
+    records = recorder.close(schedule)
     summary = scoring.summarize(records, scenario.fail_on_error)
     (cfg.out / "summary.json").write_text(json.dumps(
         {**summary.to_dict(), "scenario": scenario.name, "bag": str(cfg.bag),
