@@ -272,10 +272,14 @@ class EngineRunner:
 
     # --- lifecycle ------------------------------------------------------------------------
 
-    def start(self, timeout_s: float | None = None) -> None:
+    def start(self, timeout_s: float | None = None, *,
+              usable_if_unavailable: bool = False) -> None:
         """Start the loop thread and the engine; raise the engine's start error.
 
-        On timeout the start is cancelled and ``EngineUnavailableError`` is raised.
+        On timeout the start is cancelled and ``EngineUnavailableError`` is raised. With
+        ``usable_if_unavailable`` an engine that reports itself unavailable (a remote server
+        that is down; it keeps checking in the background) still gets health queries and
+        requests, so it is used as soon as it comes up; its requests fail fast until then.
         """
         with self._lock:
             if self._closed:
@@ -304,6 +308,8 @@ class EngineRunner:
             self._last_health = EngineHealth(EngineState.UNAVAILABLE, self.model_name,
                                              detail=str(exc))
             error = as_package_error(exc)
+            if usable_if_unavailable and isinstance(error, EngineUnavailableError):
+                self._started = True
             if error is exc:
                 raise
             raise error from exc

@@ -1,0 +1,433 @@
+"""Fault drills with real processes: bursts, mass cancel, timeouts, a silent camera, a dead
+engine core, and a remote ``vllm`` server that is down at start, comes up, and is killed
+mid-stream. Every drill checks that each goal ends with a specific outcome and that the node
+keeps serving; the figures printed here are the ones docs/RELIABILITY.md reports.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+
+import psutil
+import pytest
+
+rclpy = pytest.importorskip("rclpy", reason="needs the ROS 2 wheels (make setup)")
+from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus  # noqa: E402
+from node_process import NodeProcess, rgb_image_msg, scene  # noqa: E402
+from rclpy.executors import MultiThreadedExecutor  # noqa: E402
+from sensor_msgs.msg import Image  # noqa: E402
+
+from cosmos_reason_interfaces.action import Reason  # noqa: E402
+from cosmos_reason_interfaces.msg import ReasoningResult  # noqa: E402
+from cosmos_reason_ros.client import ReasonClient  # noqa: E402
+from cosmos_reason_ros.core.types import ErrorCode  # noqa: E402
+
+pytestmark = [pytest.mark.ros, pytest.mark.engine, pytest.mark.slow]
+
+Goal = Reason.Goal
+Feedback = Reason.Feedback
+MAX_RUNNING, MAX_QUEUED = 16, 64
+# Forces a long answer under constrained decoding (random weights stop only when made to).
+LONG_SCHEMA = json.dumps({"type": "object", "properties": {"text": {
+    "type": "string", "minLength": 1500, "maxLength": 1500}}, "required": ["text"],
+    "additionalProperties": False})
+
+
+class IO:
+    """Test-side ROS node: camera publisher, ~/results and /diagnostics recorders, client."""
+
+    def __init__(self, name: str, node_name: str = "cosmos_reason") -> None:
+        self.context = rclpy.context.Context()
+        rclpy.init(context=self.context)
+        self.node = rclpy.create_node(name, context=self.context)
+        self.executor = MultiThreadedExecutor(context=self.context)
+        self.executor.add_node(self.node)
+        threading.Thread(target=self.executor.spin, daemon=True).start()
+        self.cond = threading.Condition()
+        self.results: list[ReasoningResult] = []
+        self.diagnostics: list[tuple[float, DiagnosticStatus]] = []
+        self.camera = self.node.create_publisher(Image, "/image", 10)
+        self.node.create_subscription(ReasoningResult, f"/{node_name}/results",
+                                      self._on_result, 300)
+        self.node.create_subscription(DiagnosticArray, "/diagnostics", self._on_diag, 10)
+        self.client = ReasonClient(f"/{node_name}/reason", context=self.context)
+        self._camera_stop: threading.Event | None = None
+
+    def _on_result(self, msg: ReasoningResult) -> None:
+        with self.cond:
+            self.results.append(msg)
+            self.cond.notify_all()
+
+    def _on_diag(self, msg: DiagnosticArray) -> None:
+        with self.cond:
+            self.diagnostics.extend((time.monotonic(), s) for s in msg.status)
+            self.cond.notify_all()
+
+    def wait_camera_matched(self) -> None:
+        deadline = time.monotonic() + 30
+        while self.camera.get_subscription_count() == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    def camera_on(self, hz: float = 10.0) -> None:
+        """Publish fresh frames at ``hz`` from a background thread until ``camera_off``."""
+        self.camera_off()
+        stop = self._camera_stop = threading.Event()
+
+        def loop() -> None:
+            while not stop.is_set():
+                stamp = self.node.get_clock().now().nanoseconds
+                self.camera.publish(rgb_image_msg(scene(320, 240), stamp))
+                stop.wait(1.0 / hz)
+
+        threading.Thread(target=loop, daemon=True).start()
+
+    def camera_off(self) -> float:
+        if self._camera_stop is not None:
+            self._camera_stop.set()
+            self._camera_stop = None
+        return time.monotonic()
+
+    def wait_diag(self, predicate, timeout_s: float, since: float = 0.0):
+        """The first diagnostics status after ``since`` that satisfies ``predicate``."""
+        deadline = time.monotonic() + timeout_s
+        with self.cond:
+            while True:
+                for t, status in self.diagnostics:
+                    if t >= since and predicate(status):
+                        return t, status
+                if not self.cond.wait(max(0.0, min(0.5, deadline - time.monotonic()))) \
+                        and time.monotonic() >= deadline:
+                    return None
+
+    def close(self) -> None:
+        self.camera_off()
+        self.client.close()
+        self.executor.shutdown()
+        self.node.destroy_node()
+        rclpy.try_shutdown(context=self.context)
+
+
+def values(status: DiagnosticStatus) -> dict[str, str]:
+    return {kv.key: kv.value for kv in status.values}
+
+
+def image_goal(prompt: str = "Describe it.", **fields) -> Goal:
+    fields.setdefault("max_tokens", 4)
+    return ReasonClient.goal(prompt, source=Goal.SOURCE_GOAL_IMAGE,
+                             image=rgb_image_msg(scene(64, 48), 1), **fields)
+
+
+def generating(handles_feedback: threading.Event):
+    def on_feedback(fb: Feedback) -> None:
+        if fb.stage == Feedback.STAGE_GENERATING and fb.output_tokens > 0:
+            handles_feedback.set()
+    return on_feedback
+
+
+# --- a remote vllm server: down at start, up later, killed mid-stream -----------------------
+# First in the file: the in-process node below (a module fixture) must not be up yet, or two
+# action servers would answer on /cosmos_reason/reason.
+
+SECRET = f"sk-drill-{uuid.uuid4().hex}"
+KEY_ENV = "COSMOS_DRILL_API_KEY"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class VllmServer:
+    """``python -m vllm.entrypoints.openai.api_server`` on the tiny model, own process group."""
+
+    def __init__(self, model: Path, port: int, api_key: str) -> None:
+        self.root = f"http://127.0.0.1:{port}"
+        self.log = Path(tempfile.mkstemp(prefix="drill_vllm_", suffix=".log")[1])
+        args = [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+                "--model", str(model), "--served-model-name", "tiny", "--host", "127.0.0.1",
+                "--port", str(port), "--enforce-eager", "--max-model-len", "4096",
+                "--max-num-seqs", "8", "--reasoning-parser", "qwen3",
+                "--structured-outputs-config",
+                '{"backend":"guidance","disable_any_whitespace":true}',
+                "--disable-uvicorn-access-log", "--api-key", api_key]
+        env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1")  # in-process core: starts faster
+        with open(self.log, "wb") as log:
+            self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                         start_new_session=True)
+
+    def wait_healthy(self, timeout_s: float = 420.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError("vllm server exited:\n" + self.log.read_text()[-3000:])
+            with contextlib.suppress(OSError):
+                with urllib.request.urlopen(self.root + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            time.sleep(0.5)
+        raise TimeoutError("vllm server not healthy:\n" + self.log.read_text()[-3000:])
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(30)
+
+    def stop(self) -> None:
+        self.kill()
+        with contextlib.suppress(OSError):
+            self.log.unlink()
+
+
+def timed(io: IO, goal: Goal) -> tuple[float, object]:
+    t0 = time.monotonic()
+    result = io.client.run(goal, 120)
+    return time.monotonic() - t0, result
+
+
+def test_remote_server_down_then_up_then_killed_mid_stream(tiny_qwen3_vl):
+    port = free_port()
+    node = NodeProcess("remote_server", {
+        "engine.endpoints": [f"http://127.0.0.1:{port}/v1"], "engine.api_key_env": KEY_ENV,
+        "engine.start_timeout_s": 2.0, "engine.connect_timeout_s": 1.0,
+        "engine.read_timeout_s": 10.0, "diagnostics.period_s": 0.5},
+        env={KEY_ENV: SECRET})
+    server: VllmServer | None = None
+    io: IO | None = None
+    try:
+        node.wait_ready(120)
+        assert node.wait_for_line("serving goals with ENGINE_UNAVAILABLE until it is", 5)
+        io = IO("remote_drill_io")
+        assert io.client.wait_for_server(30.0)
+        down = [timed(io, image_goal()) for _ in range(5)]
+        for _, r in down:
+            assert r.error_code is ErrorCode.ENGINE_UNAVAILABLE, r.error_message
+        print(f"\nserver down: ENGINE_UNAVAILABLE in median "
+              f"{statistics.median(t for t, _ in down) * 1000:.0f} ms "
+              f"({down[0][1].error_message})")
+        assert statistics.median(t for t, _ in down) < 2.0
+
+        server = VllmServer(tiny_qwen3_vl, port, SECRET)
+        t0 = time.monotonic()
+        server.wait_healthy()
+        t_up = time.monotonic()
+        print(f"server healthy after {t_up - t0:.1f} s")
+        while True:  # the node notices by itself: no restart, no reconfiguration
+            took, r = timed(io, image_goal())
+            if r.ok:
+                break
+            assert r.error_code is ErrorCode.ENGINE_UNAVAILABLE, r.error_message
+            assert time.monotonic() - t_up < 60, "the node never used the server"
+            time.sleep(0.2)
+        print(f"first goal succeeded {time.monotonic() - t_up:.2f} s after the server was "
+              f"healthy (the node was not restarted)")
+        grounded = io.client.run(image_goal("", task="ground", targets=["cup"],
+                                            max_tokens=64), 120)
+        assert grounded.ok, grounded.error_message
+
+        started = threading.Event()
+        long = io.client.submit(image_goal("Long.", response_schema=LONG_SCHEMA,
+                                           max_tokens=2000), generating(started))
+        assert started.wait(60)
+        time.sleep(0.3)
+        t_kill = time.monotonic()
+        server.kill()
+        mid = long.result(60)
+        took = time.monotonic() - t_kill
+        print(f"server SIGKILL mid-stream: {mid.error_code.name} after {took:.2f} s: "
+              f"{mid.error_message}")
+        assert mid.status == "aborted" and mid.error_code is ErrorCode.ENGINE_UNAVAILABLE
+        assert took < 5.0
+        after = [timed(io, image_goal()) for _ in range(3)]
+        assert all(r.error_code is ErrorCode.ENGINE_UNAVAILABLE for _, r in after)
+        assert node.proc.poll() is None
+
+        # Secrets: the key was in use (the server requires it) and never left the process.
+        time.sleep(1.0)
+        with io.cond:
+            published = [str(m) for m in io.results] + [str(s) for _, s in io.diagnostics]
+        assert len(published) > 10
+        assert not [p for p in published if SECRET in p]
+        assert SECRET not in node.output
+    finally:
+        if io is not None:
+            io.close()
+        code = node.stop()
+        if server is not None:
+            server.stop()
+    assert code == 0, node.output[-3000:]
+    assert SECRET not in node.output
+
+
+# --- the in-process engine node ---------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def node(tiny_qwen3_vl):
+    # The engine core in its own process (vLLM's default), so a drill can kill it.
+    proc = NodeProcess("cpu_demo", {
+        "engine.model": str(tiny_qwen3_vl), "limits.max_concurrent_goals": MAX_RUNNING,
+        "limits.max_queued_goals": MAX_QUEUED, "image.qos_reliability": "reliable",
+        "image.qos_depth": 10, "image.max_age_s": 1.0, "diagnostics.period_s": 0.25,
+        "diagnostics.camera_warn_s": 1.0, "diagnostics.camera_error_s": 3.0},
+        env={"VLLM_ENABLE_V1_MULTIPROCESSING": "1"})
+    proc.wait_ready()
+    yield proc
+    code = proc.stop()
+    assert code == 0, proc.output[-3000:]
+
+
+@pytest.fixture(scope="module")
+def io(node):
+    io = IO("fault_drills_io")
+    assert io.client.wait_for_server(30.0)
+    io.wait_camera_matched()
+    yield io
+    io.close()
+
+
+def test_100_goals_at_once_every_goal_gets_a_result(io):
+    io.camera_on()
+    time.sleep(0.5)
+    with io.cond:
+        seen = len(io.results)
+    t0 = time.monotonic()
+    handles = [io.client.submit(ReasonClient.goal(f"Question {i}?", max_tokens=8,
+                                                  max_image_age_s=300.0)) for i in range(100)]
+    results = [h.result(300) for h in handles]
+    took = time.monotonic() - t0
+    codes = [r.error_code for r in results]
+    ok, overloaded = codes.count(ErrorCode.OK), codes.count(ErrorCode.OVERLOADED)
+    print(f"\n100 goals at once: {ok} succeeded, {overloaded} OVERLOADED, all ended in "
+          f"{took:.1f} s")
+    assert ok + overloaded == 100, codes
+    assert ok >= MAX_RUNNING + MAX_QUEUED
+    assert all(r.status == ("succeeded" if r.ok else "rejected") for r in results)
+    # Nothing lost silently: each of the 100 also went out on ~/results (refusals too).
+    with io.cond:
+        assert io.cond.wait_for(lambda: len(io.results) - seen >= 100, 20)
+        published = [m for m in io.results[seen:] if m.origin == "goal"]
+    assert len(published) == 100
+    assert sum(m.error_code == ErrorCode.OVERLOADED for m in published) == overloaded
+    assert {m.goal_id for m in published if m.error_code == 0} == \
+        {r.message.goal_id for r in results if r.ok}
+
+
+def test_50_goals_cancelled_at_once_leave_the_engine_idle(io):
+    started = threading.Event()
+    handles = [io.client.submit(image_goal("Write a lot.", response_schema=LONG_SCHEMA,
+                                           max_tokens=512), generating(started))
+               for _ in range(50)]
+    assert started.wait(120), "no goal started generating"
+    time.sleep(0.5)
+    t_cancel = time.monotonic()
+    for h in handles:
+        h.cancel()
+    results = [h.result(60) for h in handles]
+    took = time.monotonic() - t_cancel
+    statuses = [(r.status, r.error_code) for r in results]
+    print(f"\n50 goals cancelled at once: all ended canceled {took:.2f} s after the cancel")
+    assert statuses == [("canceled", ErrorCode.CANCELLED)] * 50, statuses
+    # vLLM's own running-request count, through diagnostics, drops to zero.
+    found = io.wait_diag(lambda s: values(s).get("engine_running_requests") == "0", 15,
+                         since=time.monotonic())
+    assert found is not None, "the engine still runs requests after the mass cancel"
+    print(f"engine idle {found[0] - t_cancel:.2f} s after the cancel")
+    assert io.client.run(image_goal(), 60).ok
+
+
+def test_goal_timeouts_while_generating_and_while_queued(io):
+    t0 = time.monotonic()
+    result = io.client.run(image_goal("Long.", response_schema=LONG_SCHEMA, max_tokens=512,
+                                      timeout_s=1.0), 60)
+    took = time.monotonic() - t0
+    print(f"\ntimeout_s=1 while generating: {result.error_code.name} after {took:.2f} s")
+    assert (result.status, result.error_code) == ("aborted", ErrorCode.TIMEOUT)
+    assert "timed out during generation after" in result.error_message
+    assert took < 1.0 + 5.0
+    # Fill every slot with long goals; a short-deadline goal then times out in the queue.
+    started = threading.Event()
+    fillers = [io.client.submit(image_goal("Long.", response_schema=LONG_SCHEMA,
+                                           max_tokens=512), generating(started))
+               for _ in range(MAX_RUNNING)]
+    assert started.wait(120)
+    queued = io.client.run(image_goal(timeout_s=1.0), 60)
+    for h in fillers:
+        h.cancel()
+    assert (queued.status, queued.error_code) == ("aborted", ErrorCode.TIMEOUT)
+    assert "goal timed out while waiting for a free slot" in queued.error_message
+    assert all(h.result(60).status == "canceled" for h in fillers)
+    assert io.client.run(image_goal(), 60).ok
+
+
+def test_camera_going_silent_is_reported_and_goals_stay_specific(io):
+    io.camera_on()
+    assert io.wait_diag(lambda s: values(s).get("frames_received", "0") != "0", 10)
+    time.sleep(1.0)
+    assert io.client.ask("Now?", max_tokens=4).ok
+    t_silent = io.camera_off()
+    warn = io.wait_diag(lambda s: s.level == DiagnosticStatus.WARN
+                        and "camera silent for" in s.message, 10, since=t_silent)
+    error = io.wait_diag(lambda s: s.level == DiagnosticStatus.ERROR
+                         and "camera silent for" in s.message, 15, since=t_silent)
+    assert warn and error, "diagnostics did not report the silent camera"
+    print(f"\ncamera silent: WARN after {warn[0] - t_silent:.2f} s, ERROR after "
+          f"{error[0] - t_silent:.2f} s ({error[1].message})")
+    stale = io.client.ask("Now?", max_tokens=4)
+    assert stale.error_code is ErrorCode.IMAGE_TOO_OLD
+    assert "max_image_age_s=1" in stale.error_message
+    nothing_new = io.client.run(ReasonClient.goal("Next?", source=Goal.SOURCE_NEXT,
+                                                  wait_for_image_s=0.3, max_tokens=4))
+    assert nothing_new.error_code is ErrorCode.NO_IMAGE
+    assert io.client.run(image_goal(), 60).ok  # goals with their own image still work
+    t_back = time.monotonic()
+    io.camera_on()
+    back = io.wait_diag(lambda s: s.level == DiagnosticStatus.OK, 10, since=t_back)
+    assert back, "diagnostics did not return to OK when the camera came back"
+    time.sleep(0.5)
+    assert io.client.ask("Now?", max_tokens=4).ok
+    io.camera_off()
+
+
+def test_dead_engine_core_fails_goals_fast_and_the_node_stays_up(io, node):
+    cores = [p for p in psutil.Process(node.proc.pid).children(recursive=True)
+             if "EngineCore" in " ".join(p.cmdline())]
+    assert len(cores) == 1, [p.cmdline() for p in psutil.Process(node.proc.pid).children()]
+    started = threading.Event()
+    running = io.client.submit(image_goal("Long.", response_schema=LONG_SCHEMA,
+                                          max_tokens=512), generating(started))
+    assert started.wait(60)
+    t_kill = time.monotonic()
+    cores[0].kill()
+    mid = running.result(60)
+    print(f"\nengine core SIGKILL mid-stream: {mid.error_code.name} after "
+          f"{time.monotonic() - t_kill:.2f} s: {mid.error_message}")
+    assert mid.status == "aborted"
+    assert mid.error_code in (ErrorCode.ENGINE_UNAVAILABLE, ErrorCode.ENGINE_ERROR)
+    latencies = []
+    for _ in range(5):
+        t0 = time.monotonic()
+        after = io.client.run(image_goal(), 30)
+        latencies.append(time.monotonic() - t0)
+        assert after.error_code is ErrorCode.ENGINE_UNAVAILABLE, after.error_message
+    print(f"after the engine died: ENGINE_UNAVAILABLE in median "
+          f"{statistics.median(latencies) * 1000:.0f} ms ({after.error_message})")
+    assert statistics.median(latencies) < 2.0
+    bad = io.wait_diag(lambda s: s.level == DiagnosticStatus.ERROR
+                       and values(s).get("engine_state") != "ready", 10, since=t_kill)
+    assert bad, "diagnostics did not report the dead engine"
+    assert node.proc.poll() is None  # the node itself is still up
