@@ -101,28 +101,35 @@ class Overhead:
 def paired_overhead(samples: Iterable[Sample], mode: str, reference: str, metric: str,
                     keys: Sequence[str] = ("size", "length"),
                     where: Callable[[Sample], bool] | None = None,
+                    same: str | None = "output_tokens",
                     ) -> dict[tuple[Any, ...], tuple[Overhead, Summary]]:
     """Per group: medians of ``mode`` and ``reference``, and the median of per-round deltas.
 
     Samples of the two modes taken in the same round (same ``round`` and group) are paired;
-    the delta distribution (mode - reference, ms) is robust to drift across rounds.
+    the delta distribution (mode - reference, ms) is robust to drift across rounds. With
+    ``same`` set, only pairs that agree on that field count (e.g. the same number of output
+    tokens: a generation that stopped early is not comparable), and the medians are taken
+    over the paired samples only.
     """
-    by_key: dict[tuple[Any, ...], dict[str, dict[Any, float]]] = defaultdict(
+    by_key: dict[tuple[Any, ...], dict[str, dict[Any, Sample]]] = defaultdict(
         lambda: defaultdict(dict))
     for s in samples:
         if not s.get("ok") or s.get("warmup") or s.get("mode") not in (mode, reference) \
                 or s.get(metric) is None or (where is not None and not where(s)):
             continue
         k = tuple(s.get(x) for x in keys)
-        by_key[k][s["mode"]][s.get("round")] = float(s[metric]) * 1e3
+        by_key[k][s["mode"]][s.get("round")] = s
     out = {}
     for k, modes in by_key.items():
         ref, mod = modes.get(reference, {}), modes.get(mode, {})
-        if not ref or not mod:
+        rounds = [r for r in mod if r in ref
+                  and (same is None or mod[r].get(same) == ref[r].get(same))]
+        if not rounds:
             continue
-        deltas = [mod[r] - ref[r] for r in mod if r in ref]
-        out[k] = (Overhead(median(list(ref.values())), median(list(mod.values()))),
-                  Summary.of(deltas))
+        ref_ms = [float(ref[r][metric]) * 1e3 for r in rounds]
+        mod_ms = [float(mod[r][metric]) * 1e3 for r in rounds]
+        deltas = [m - f for m, f in zip(mod_ms, ref_ms, strict=True)]
+        out[k] = (Overhead(median(ref_ms), median(mod_ms)), Summary.of(deltas))
     return out
 
 
@@ -303,7 +310,10 @@ def render_report(data: Mapping[str, Any]) -> str:
 
     over = paired_overhead(samples, "node", "engine", "e2e_s", where=_latency_phase)
     if over:
-        lines += ["", "## Node overhead over the bare engine (end-to-end, paired rounds)", ""]
+        lines += ["", "## Node overhead over the bare engine (end-to-end, paired rounds)", "",
+                  "Pairs: the two modes' requests of one round on the same picture, counted only "
+                  "when both produced the same number of tokens (the node cannot ask for "
+                  "ignore_eos, so a long answer may stop early there).", ""]
         rows = []
         for key in sorted(over, key=lambda k: (sort_key(k[0]), sort_key(k[1]))):
             o, d = over[key]
@@ -311,16 +321,19 @@ def render_report(data: Mapping[str, Any]) -> str:
                          fmt(d.p95), fmt(100 * ratio(d.median, o.mode_ms))))
         lines.append(table(("size", "length", "pairs", "engine p50 ms", "node p50 ms",
                             "overhead p50 ms", "overhead p95 ms", "% of node e2e"), rows))
-        at720 = [(o, d) for k, (o, d) in over.items() if k[0] == "1280x720"]
+        # Judged on short answers: the length every mode reaches, so only the path differs.
+        at720 = [(o, d) for k, (o, d) in over.items() if k[0] == "1280x720"
+                 and k[1] == "short"] or [(o, d) for k, (o, d) in over.items()
+                                          if k[0] == "1280x720"]
         if at720:
             worst_ms = max(d.median for _, d in at720)
             worst_pct = max(100 * ratio(d.median, o.mode_ms) for o, d in at720)
             if "overhead_ms" in targets:
-                checks.append(("node overhead p50 at 1280x720 (worst length)",
+                checks.append(("node overhead p50 at 1280x720, short answers",
                                f"{fmt(worst_ms)} ms (target <= {targets['overhead_ms']:g} ms)",
                                _check(worst_ms <= targets["overhead_ms"])))
             if "overhead_percent" in targets:
-                checks.append(("node overhead at 1280x720 (worst length)",
+                checks.append(("node overhead at 1280x720, short answers",
                                f"{fmt(worst_pct)} % (target <= {targets['overhead_percent']:g} %)",
                                _check(worst_pct <= targets["overhead_percent"])))
 

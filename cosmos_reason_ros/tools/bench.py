@@ -1382,6 +1382,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--memory-goals", type=int, default=1_000)
     ap.add_argument("--memory-frame-size", type=parse_size, default=(640, 480))
     ap.add_argument("--out", type=Path, default=REPO_ROOT / "out" / "bench")
+    ap.add_argument("--render", type=Path, default=None, metavar="DIR",
+                    help="only redraw DIR/results.md and the plots from DIR/bench.json")
     return ap
 
 
@@ -1429,6 +1431,15 @@ def versions() -> dict[str, str]:
     return out
 
 
+def render(folder: Path) -> int:
+    """Redraw results.md and the plots of an earlier run from its bench.json."""
+    data = json.loads((folder / "bench.json").read_text())
+    _atomic_write(folder / "results.md", benchstats.render_report(data))
+    plot(data, folder)
+    print((folder / "results.md").read_text())
+    return 0
+
+
 def _interrupt(*_: object) -> None:
     raise KeyboardInterrupt
 
@@ -1436,6 +1447,8 @@ def _interrupt(*_: object) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the bench; exit 0 when every chosen mode ran (or was skipped for a stated reason)."""
     args = parse_args(argv)
+    if args.render is not None:
+        return render(args.render)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
