@@ -70,7 +70,8 @@ def typestore() -> Any:
     """Return the distro's standard message types plus ``cosmos_reason_interfaces``."""
     from rosbags.typesys import Stores, get_types_from_msg, get_typestore
 
-    distro = os.environ.get("ROS_DISTRO", "kilted").lower()
+    distro = (os.environ.get("ROS_DISTRO") or os.environ.get("COSMOS_REASON_ROS_DISTRO")
+              or "kilted").lower()
     store = get_typestore({"humble": Stores.ROS2_HUMBLE, "jazzy": Stores.ROS2_JAZZY}.get(
         distro, Stores.ROS2_KILTED))
     types: dict[str, Any] = {}
