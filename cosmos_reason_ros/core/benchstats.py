@@ -258,8 +258,36 @@ def _check(ok: bool | None) -> str:
     return "–" if ok is None else ("met" if ok else "MISSED")
 
 
+def _nonnegative(value: float | None) -> float:
+    """Return the value, or NaN when missing or negative (a difference that lost its meaning)."""
+    if value is None or math.isnan(value) or value < 0:
+        return math.nan
+    return value
+
+
 def _latency_phase(s: Sample) -> bool:
     return s.get("phase") == "latency"
+
+
+def _breakdown(samples: Sequence[Sample]) -> list[tuple[Any, ...]]:
+    """Per size: median components of the node's and the baseline's latency (ms)."""
+    by_size: dict[Any, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for s in samples:
+        if not s.get("ok") or s.get("warmup") or s.get("phase") != "latency":
+            continue
+        d = by_size[s.get("size")]
+        if s.get("mode") == "node" and s.get("node_total_s") is not None:
+            d["queue"].append(s.get("node_queue_s") or 0.0)
+            d["pre"].append(s.get("node_preprocess_s") or 0.0)
+            d["action"].append(s["e2e_s"] - s["node_total_s"])
+        if s.get("mode") == "baseline" and s.get("http_total_s") is not None:
+            d["encode"].append(s.get("encode_s") or 0.0)
+            d["http"].append(s["http_total_s"])
+            d["ros"].append(s["e2e_s"] - s["http_total_s"] - (s.get("encode_s") or 0.0))
+            d["jpeg"].append((s.get("jpeg_bytes") or 0) / 1024 / 1e3)
+    return [(size, *(_ms(median(d[k])) for k in ("queue", "pre", "action", "encode", "http",
+                                                  "ros", "jpeg")))
+            for size, d in sorted(by_size.items(), key=lambda kv: sort_key(kv[0]))]
 
 
 def render_report(data: Mapping[str, Any]) -> str:
@@ -361,6 +389,18 @@ def render_report(data: Mapping[str, Any]) -> str:
                            f"{fmt(worst, 2)}x (target >= {targets['baseline_ratio']:g}x)",
                            _check(worst >= targets["baseline_ratio"])))
 
+    breakdown = _breakdown(samples)
+    if breakdown:
+        lines += ["", "## Where the time goes (medians over every latency sample, ms)", "",
+                  "node: queue and preprocess (deserialize, convert, resize) as the node "
+                  "reports them, action = client e2e minus the node's own total (goal, "
+                  "result and feedback transport). baseline: encode = convert + JPEG + base64 "
+                  "in the callback, http = POST to last byte, ros = trigger and answer "
+                  "transport.", ""]
+        lines.append(table(("size", "node queue", "node preprocess", "node action",
+                            "baseline encode", "baseline http", "baseline ros",
+                            "baseline JPEG KB"), breakdown))
+
     tput = throughput(data.get("batches", []))
     if tput:
         lines += ["", "## Concurrency (output tokens/s over the batch; median / p95)", ""]
@@ -424,8 +464,8 @@ def render_report(data: Mapping[str, Any]) -> str:
                 ("node process CPU, goals only (%)", fmt(ingest.get("goals_only_cpu_percent"))),
                 ("node process CPU, camera + goals (%)",
                  fmt(ingest.get("camera_and_goals_cpu_percent"))),
-                ("extra CPU per frame while goals run (ms)",
-                 fmt(ingest.get("with_goals_extra_cpu_ms_per_frame"), 3)),
+                ("extra CPU per frame while goals run (ms; – when the goal load differed)",
+                 fmt(_nonnegative(ingest.get("with_goals_extra_cpu_ms_per_frame")), 3)),
                 ("goals/s without / with the camera",
                  f"{fmt(ingest.get('goals_per_s_without_camera'), 2)} / "
                  f"{fmt(ingest.get('goals_per_s_with_camera'), 2)}"),
