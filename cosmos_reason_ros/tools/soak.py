@@ -80,6 +80,19 @@ def wait_ready(proc: subprocess.Popen, log: list[str], timeout_s: float) -> bool
     return ready.is_set()
 
 
+def render_frame(t: float, width: int, height: int) -> Any:
+    """Draw a synthetic RGB frame: a gradient with a box moving across it."""
+    import numpy as np
+
+    frame = np.empty((height, width, 3), np.uint8)
+    frame[..., 0] = np.linspace(0, 255, width, dtype=np.uint8)[None, :]
+    frame[..., 1] = np.linspace(0, 255, height, dtype=np.uint8)[:, None]
+    frame[..., 2] = 128
+    x = int((0.5 + 0.4 * np.sin(t)) * (width - width // 5))
+    frame[height // 3: height // 3 + height // 5, x: x + width // 5] = (220, 40, 40)
+    return frame
+
+
 def sample_process(pid: int) -> dict[str, float]:
     """RSS (MB, the process and its children), open fds and threads of the node process."""
     import psutil
@@ -168,7 +181,6 @@ def run(args: argparse.Namespace) -> int:
     from cosmos_reason_interfaces.msg import ReasoningResult
     from cosmos_reason_ros.client import ReasonClient
     from cosmos_reason_ros.ros.messages import ns_to_stamp, rgb_image
-    from cosmos_reason_ros.tools.demo import render_scene
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -231,7 +243,7 @@ def run(args: argparse.Namespace) -> int:
         t0 = time.monotonic()
         n = 0
         while not stop.is_set():
-            frame, _ = render_scene(time.monotonic() - t0, args.width, args.height)
+            frame = render_frame(time.monotonic() - t0, args.width, args.height)
             header = Header(stamp=ns_to_stamp(node.get_clock().now().nanoseconds),
                             frame_id="soak_camera")
             camera.publish(rgb_image(frame, header))
@@ -341,7 +353,7 @@ def _stop(proc: subprocess.Popen | None) -> int | None:
 
     proc.send_signal(signal.SIGTERM)
     try:
-        return proc.wait(15)
+        return proc.wait(30)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         return proc.wait(5)
