@@ -74,6 +74,10 @@ class VllmLocalConfig:
         default_factory=lambda: {"image": 4, "video": 1}
     )
     mm_processor_kwargs: Mapping[str, Any] | None = None
+    # vLLM keeps processed images for reuse (second questions, prefilled frames) in a cache
+    # of this many GiB in this process and again in the engine core; its own default (4) lets
+    # a robot's stream of new frames grow RSS by gigabytes before anything is evicted.
+    mm_processor_cache_gb: float | None = None
     # guidance + no free whitespace: xgrammar was seen letting raw control characters into
     # JSON strings (ENVIRONMENT.md), guidance kept 16/16 outputs parseable.
     structured_outputs_backend: str = "guidance"
@@ -108,6 +112,8 @@ class VllmLocalConfig:
         _require(self.warmup_image_height > 0, "warmup_image_height",
                  self.warmup_image_height, "> 0")
         _require(self.warmup_max_tokens > 0, "warmup_max_tokens", self.warmup_max_tokens, "> 0")
+        _require(self.mm_processor_cache_gb is None or self.mm_processor_cache_gb >= 0,
+                 "mm_processor_cache_gb", self.mm_processor_cache_gb, ">= 0 or unset")
         for name in ("max_num_seqs", "max_num_batched_tokens", "kv_cache_memory_bytes"):
             value = getattr(self, name)
             _require(value is None or value > 0, name, value, "> 0 or unset")
@@ -171,6 +177,7 @@ class VllmLocalConfig:
             "mm_processor_kwargs": (
                 dict(self.mm_processor_kwargs) if self.mm_processor_kwargs else None
             ),
+            "mm_processor_cache_gb": self.mm_processor_cache_gb,
             "max_num_seqs": self.max_num_seqs,
             "max_num_batched_tokens": self.max_num_batched_tokens,
             "kv_cache_memory_bytes": self.kv_cache_memory_bytes,

@@ -78,6 +78,10 @@ PARAMS: tuple[Param, ...] = (
           "(JSON object).", _json_object),
     Param("engine.mm_processor_kwargs", "", "Extra processor arguments (JSON object).",
           _json_object),
+    Param("engine.mm_processor_cache_gb", 0.5, "GiB of processed images vLLM keeps for reuse "
+          "(second questions, prefilled frames), in the node process and again in the engine "
+          "core; vLLM's own default of 4 grows RSS by gigabytes on a camera stream.",
+          _range(0, 64)),
     Param("engine.structured_outputs_backend", "guidance", "Constrained-decoding backend for "
           "JSON schemas (guidance, xgrammar, outlines, auto).",
           _choice("guidance", "xgrammar", "outlines", "auto")),
@@ -251,6 +255,7 @@ def engine_options(values: Mapping[str, Any]) -> dict[str, Any]:
         "quantization": values["engine.quantization"] or None,
         "limit_mm_per_prompt": json.loads(values["engine.limit_mm_per_prompt"]),
         "mm_processor_kwargs": json.loads(mm_kwargs) if mm_kwargs else None,
+        "mm_processor_cache_gb": values["engine.mm_processor_cache_gb"],
         "structured_outputs_backend": values["engine.structured_outputs_backend"],
         "max_num_seqs": values["engine.max_num_seqs"] or None,
         "max_num_batched_tokens": values["engine.max_num_batched_tokens"] or None,
