@@ -35,6 +35,11 @@ install_ros() {
     (cd "$S" && sha256sum -c --quiet ros312.sha256) || fail "ros312.tar.zst hash mismatch"
     rm -rf "$ROS_PREFIX"
     "${Z[@]}" -d -q --long=27 -c "$S/ros312.tar.zst" | tar xf - -C "$(dirname "$ROS_PREFIX")"
+    # console scripts name the kit builder's Python: point them at this one
+    for f in "$ROS_PREFIX"/bin/*; do
+      [ -f "$f" ] && head -c 64 "$f" | head -1 | grep -q '^#!.*python' \
+        && sed -i "1s|.*|#!$(command -v "$PY")|" "$f"
+    done
     touch "$ROS_PREFIX/.installed"
     log "ROS kit unpacked to $ROS_PREFIX ($(du -sh "$ROS_PREFIX" | cut -f1)) in $(since "$t0") s"
   fi
