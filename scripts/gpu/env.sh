@@ -15,8 +15,10 @@ _gpu_ws_site="$(cat "$_gpu_ws_install/pythonpath.txt" 2>/dev/null || true)"
 # the prebuilt fallback was built elsewhere: its site dir has the same relative path
 [ -d "$_gpu_ws_site" ] || _gpu_ws_site="$_gpu_ws_install/lib/python3.12/site-packages"
 
-_gpu_pp="$_gpu_repo:$_gpu_ws_site:$_gpu_ros_site"
+# the checkout last: its top-level folders (test/, build/, config/ ...) must not shadow anything
+_gpu_pp="$_gpu_ws_site:$_gpu_ros_site"
 [ -d "$GPU_VLLM_SITE" ] && _gpu_pp="$_gpu_pp:$GPU_VLLM_SITE"
+_gpu_pp="$_gpu_pp:$_gpu_repo"
 export PYTHONPATH="$_gpu_pp${PYTHONPATH:+:$PYTHONPATH}"
 _gpu_ld="$_gpu_ws_install/lib:$GPU_ROS_PREFIX/lib"
 for _d in "$_gpu_ros_site"/ros_*.libs; do [ -d "$_d" ] && _gpu_ld="$_gpu_ld:$_d"; done

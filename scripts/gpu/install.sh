@@ -81,9 +81,8 @@ case "$WHAT" in
 esac
 # shellcheck disable=SC1091
 source "$HERE/env.sh"
-groups=()
-[ -f "$ROS_PREFIX/.installed" ] && groups+=(ros)
-groups+=(pkg)
+groups=(pkg)
+[ -f "$ROS_PREFIX/.installed" ] && groups+=(ros node)
 [ -f "$VLLM_SITE/.installed" ] && groups+=(vllm)
 [ -n "${SMOKE_GROUPS:-}" ] && read -r -a groups <<< "$SMOKE_GROUPS"   # e.g. "ros pkg" without a GPU
 log "smoke: ${groups[*]}"

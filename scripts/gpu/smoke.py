@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Smoke check of the GPU machine's environment (run after ``source scripts/gpu/env.sh``).
 
-    python3 scripts/gpu/smoke.py ros pkg            # after the ROS kit + interfaces build
-    python3 scripts/gpu/smoke.py ros pkg vllm       # after the vLLM site tree too
+    python3 scripts/gpu/smoke.py ros pkg node       # after the ROS kit + interfaces build
+    python3 scripts/gpu/smoke.py ros pkg node vllm  # after the vLLM site tree too
 
 Prints one ``OK <check> ...`` or ``FAIL <check>: <error>`` line per check and exits 1 when
 any check failed. Checks:
@@ -11,12 +11,15 @@ any check failed. Checks:
   trip of ReasoningResult and sensor_msgs/Image over DDS (rmw_fastrtps_cpp, localhost); a
   Reason action round trip (goal -> feedback -> result) between two nodes.
 - ``pkg``: cosmos_reason_ros imports (core, engines, ros.node, client, tools.bench).
+- ``node``: ``python -m cosmos_reason_ros.ros.node`` as a process (openai engine pointed at a
+  closed port): its ``~/reason`` action answers a goal with ENGINE_UNAVAILABLE; SIGTERM ends it.
 - ``vllm``: ``import vllm`` (time, version), torch + CUDA, and the vLLM names
   ``engines.vllm_local`` resolves (a missing optional name is reported, not failed).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
@@ -205,6 +208,67 @@ def pkg_imports():
            f"{os.path.dirname(os.path.dirname(cosmos_reason_ros.__file__))}"
 
 
+@check("node: cosmos_reason_ros.ros.node process serves ~/reason (openai engine, no server)")
+def node_process():
+    """Start the node (engine down on purpose), send a goal, expect ENGINE_UNAVAILABLE."""
+    import signal
+    import subprocess
+
+    import rclpy
+    from rclpy.action import ActionClient
+    from rclpy.executors import SingleThreadedExecutor
+
+    from cosmos_reason_interfaces.action import Reason
+    from cosmos_reason_interfaces.msg import ReasoningResult
+
+    args = [sys.executable, "-m", "cosmos_reason_ros.ros.node", "--ros-args",
+            "-r", "__node:=gpu_smoke_node", "-p", "engine.kind:=openai",
+            "-p", "engine.model:=m", "-p", "model.family:=qwen3_vl",
+            "-p", "engine.endpoints:=['http://127.0.0.1:9/v1']",
+            "-p", "engine.start_timeout_s:=3.0"]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    ctx = rclpy.Context()
+    rclpy.init(context=ctx)
+    t = time.monotonic()
+    try:
+        node = rclpy.create_node("gpu_smoke_node_client", context=ctx)
+        client = ActionClient(node, Reason, "/gpu_smoke_node/reason")
+        ex = SingleThreadedExecutor(context=ctx)
+        ex.add_node(node)
+        if not client.wait_for_server(timeout_sec=60.0):
+            raise TimeoutError("the node's ~/reason action server did not appear in 60 s")
+        up = time.monotonic() - t
+        fut = client.send_goal_async(Reason.Goal(prompt="Is the path clear?", wait_for_image_s=0.5))
+        ex.spin_until_future_complete(fut, timeout_sec=ROUNDTRIP_TIMEOUT_S)
+        handle = fut.result()
+        if handle is None or not handle.accepted:
+            raise RuntimeError("goal not accepted")
+        rfut = handle.get_result_async()
+        ex.spin_until_future_complete(rfut, timeout_sec=ROUNDTRIP_TIMEOUT_S)
+        if rfut.result() is None:
+            raise TimeoutError("no result")
+        res = rfut.result().result.result
+        if res.error_code != ReasoningResult.ENGINE_UNAVAILABLE:
+            raise AssertionError(f"expected ENGINE_UNAVAILABLE, got {res.error_code}: "
+                                 f"{res.error_message}")
+        return f"action server up after {up:.1f} s; goal -> ENGINE_UNAVAILABLE as expected"
+    except Exception:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        print(proc.communicate(timeout=10)[0].decode(errors="replace")[-2000:], flush=True)
+        raise
+    finally:
+        rclpy.shutdown(context=ctx)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
 @check("vllm: import, version, torch/CUDA, names used by engines.vllm_local")
 def vllm_import():
     """Import vLLM and torch, and resolve the vLLM names engines.vllm_local uses."""
@@ -225,9 +289,9 @@ def vllm_import():
 def main(argv: list[str]) -> int:
     """Run the named check groups (default: ros pkg); 1 when any check failed."""
     groups = set(argv) or {"ros", "pkg"}
-    unknown = groups - {"ros", "pkg", "vllm"}
+    unknown = groups - {"ros", "pkg", "node", "vllm"}
     if unknown:
-        print(f"smoke: unknown check group(s) {sorted(unknown)}; use ros, pkg, vllm",
+        print(f"smoke: unknown check group(s) {sorted(unknown)}; use ros, pkg, node, vllm",
               file=sys.stderr)
         return 2
     import platform
@@ -240,6 +304,8 @@ def main(argv: list[str]) -> int:
         ros_action()
     if "pkg" in groups:
         pkg_imports()
+    if "node" in groups:
+        node_process()
     if "vllm" in groups:
         vllm_import()
     print(f"smoke: {'FAILED ' + ', '.join(FAILED) if FAILED else 'all OK'} "
