@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import math
+import os
 import signal
 import struct
 import sys
@@ -19,7 +20,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import rclpy
@@ -162,13 +163,15 @@ class ReasonNode(Node):
         camera_group = MutuallyExclusiveCallbackGroup()
         # raw=True: the callback receives the serialized bytes, so ingest costs a stamp read
         # instead of a full deserialization of every 6 MB frame at 30 Hz.
+        self._camera_subscriptions = []
         if p["image.input"] in ("raw", "both"):
-            self.create_subscription(Image, "image", self._on_raw_image, camera_qos,
-                                     callback_group=camera_group, raw=True)
+            self._camera_subscriptions.append(self.create_subscription(
+                Image, "image", self._on_raw_image, camera_qos, callback_group=camera_group,
+                raw=True))
         if p["image.input"] in ("compressed", "both"):
-            self.create_subscription(CompressedImage, "image/compressed",
-                                     self._on_compressed_image, camera_qos,
-                                     callback_group=camera_group, raw=True)
+            self._camera_subscriptions.append(self.create_subscription(
+                CompressedImage, "image/compressed", self._on_compressed_image, camera_qos,
+                callback_group=camera_group, raw=True))
 
     # --- lifecycle -----------------------------------------------------------------------
 
@@ -477,7 +480,7 @@ class ReasonNode(Node):
                 return None
 
     def _image_topics(self) -> str:
-        names = [s.topic_name for s in self.subscriptions]
+        names = [s.topic_name for s in self._camera_subscriptions]  # not /clock
         return ", ".join(names) or "(no camera subscription)"
 
     def _deserialize(self, frame: StoredFrame[RawFrame]) -> Any:
@@ -771,8 +774,8 @@ class _PeriodicHandle:
         pass
 
 
-def main(args: list[str] | None = None) -> int:
-    """Run the node until SIGINT/SIGTERM; exit 2 on a configuration error."""
+def main(args: list[str] | None = None) -> NoReturn:
+    """Run the node until SIGINT/SIGTERM; exit 2 on a configuration error, 1 on engine failure."""
     rclpy.init(args=args, signal_handler_options=SignalHandlerOptions.NO)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -809,7 +812,12 @@ def main(args: list[str] | None = None) -> int:
         rclpy.try_shutdown()
     if code == 0 and node is not None:
         rclpy.logging.get_logger(NODE_NAME).info("shut down cleanly")
-    return code
+    # Everything is closed by now. The interpreter's own teardown of torch and vLLM modules
+    # took 6-15 s on a loaded machine, long enough for launch to escalate to SIGKILL, so the
+    # process ends here once its output is flushed.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":
