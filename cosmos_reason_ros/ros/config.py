@@ -149,6 +149,8 @@ PARAMS: tuple[Param, ...] = (
     Param("limits.max_clip_frames", 32, "Most frames sent for one clip.", _range(1, 1024)),
     Param("limits.max_clip_duration_s", 60.0, "Longest clip a goal may ask for.",
           _range(0.1, 3600)),
+    Param("limits.fixed_output_length", False, "Benchmarks only: every goal generates exactly "
+          "its max_tokens (end-of-sequence ignored), so output lengths are comparable."),
     Param("limits.feedback_rate_hz", 10.0, "Max feedback messages per second per goal.",
           _range(0.1, 1000)),
     # --- periodic.* ----------------------------------------------------------------------

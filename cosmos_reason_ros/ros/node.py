@@ -299,6 +299,9 @@ class ReasonNode(Node):
                 reasoning=goal.reasoning, response_schema=goal.response_schema,
                 max_tokens=goal.max_tokens, temperature=goal.temperature, greedy=goal.greedy,
                 limits=self.limits, constrain=self.params["model.constrain_structured_tasks"])
+            if self.params["limits.fixed_output_length"]:
+                spec = dataclasses.replace(
+                    spec, sampling=dataclasses.replace(spec.sampling, ignore_eos=True))
             msg.task = spec.task.value
             self._check_source(goal)
             self._check_engine()
