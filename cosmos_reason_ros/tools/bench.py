@@ -335,7 +335,10 @@ def start_node(model: str, device: str, settings: dict[str, Any], extras: dict[s
         "image.qos_reliability": "reliable", "image.qos_depth": 1, "image.max_age_s": 0.0,
         "limits.max_concurrent_goals": max_goals, "limits.max_queued_goals": 64,
         "limits.max_tokens": 1024, "limits.goal_timeout_s": 600.0,
-        "limits.feedback_rate_hz": 10.0,
+        "limits.feedback_rate_hz": 10.0, "limits.fixed_output_length": True,
+        # Off except in the prefill mode, which switches it at runtime: elsewhere it would
+        # give the node cache hits the engine-only floor does not get.
+        "prefill.enabled": False,
     })
     if extras:
         params["engine.extra_args"] = json.dumps(extras)
