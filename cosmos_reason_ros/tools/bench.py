@@ -1133,18 +1133,18 @@ class Bench:
             return
         deadline = self.budget.phase_deadline("prefill")
         size = (1280, 720) if (1280, 720) in self.sizes else self.sizes[0]
-        msgs = [self.ros.image_msg(picture(size[0], size[1], self.next_seed()), 0)
-                for _ in range(8)]
+        base = picture(size[0], size[1], self.next_seed())
         stop = threading.Event()
 
         def camera() -> None:
-            from cosmos_reason_ros.ros.messages import ns_to_stamp
-
             i = 0
             while not stop.is_set():
-                msg = msgs[i % len(msgs)]  # 8 distinct pictures: each frame is new to the cache
-                msg.header.stamp = ns_to_stamp(self.ros.now_ns())
-                self.ros.cameras[NODE_TOPIC].publish(msg)
+                # Every frame differs (a corner block coloured by its number), so no frame
+                # is in the engine's caches unless a prefill or an earlier goal put it there.
+                frame = base.copy()
+                frame[:32, :32] = (i % 251, (i // 251) % 251, 255)
+                self.ros.cameras[NODE_TOPIC].publish(self.ros.image_msg(frame,
+                                                                        self.ros.now_ns()))
                 i += 1
                 stop.wait(0.2)
 
