@@ -20,7 +20,7 @@ class PrefillCounts:
     """Counters published in diagnostics."""
 
     run: int = 0  # prefills that completed (the frame is in the engine's caches)
-    skipped: int = 0  # ticks with a new frame that did not start one (busy or in flight)
+    skipped: int = 0  # new frames not prefilled when they came (busy, or one in flight)
     aborted: int = 0  # prefills cancelled because a goal on another frame needed the engine
     failed: int = 0  # prefills that ended with an engine error
     goals_on_prefilled_frame: int = 0  # goals whose frame had been prefilled
@@ -35,6 +35,7 @@ class PrefillPolicy:
         self._lock = threading.Lock()
         self._in_flight: int | None = None  # stamp of the frame being prefilled
         self._last_started: int | None = None
+        self._last_skipped: int | None = None
         self._done: collections.deque[int] = collections.deque(maxlen=remember_frames)
         self._counts = collections.Counter[str]()
 
@@ -42,17 +43,24 @@ class PrefillPolicy:
         """Return True (and mark it in flight) if the newest frame should be prefilled now.
 
         Nothing happens for a frame already prefilled or attempted; a new frame is skipped
-        (and counted) while another prefill runs or, with ``skip_while_busy``, while goals
-        are running or queued.
+        (counted once per frame, however often it is retried) while another prefill runs or,
+        with ``skip_while_busy``, while goals are running or queued.
         """
         with self._lock:
             if newest_stamp_ns is None or newest_stamp_ns == self._last_started:
                 return False
             if self._in_flight is not None or (busy and self.skip_while_busy):
-                self._counts["skipped"] += 1
+                if newest_stamp_ns != self._last_skipped:
+                    self._last_skipped = newest_stamp_ns
+                    self._counts["skipped"] += 1
                 return False
             self._in_flight = self._last_started = newest_stamp_ns
             return True
+
+    def wants(self, stamp_ns: int | None) -> bool:
+        """Whether ``stamp_ns`` is a frame no prefill has started on yet (worth a retry)."""
+        with self._lock:
+            return stamp_ns is not None and stamp_ns != self._last_started
 
     def should_abort_for_goal(self, goal_stamp_ns: int) -> bool:
         """Whether the prefill in flight must give way to a goal about ``goal_stamp_ns``.

@@ -145,6 +145,7 @@ class ReasonNode(Node):
         self._prefill_lock = threading.Lock()
         self._prefill_handle: Any = None
         self._prefill_abort = False
+        self._prefill_wake = threading.Event()
 
         self.results_pub = self.create_publisher(ReasoningResult, "~/results", 50)
         self.diagnostics_pub = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
@@ -209,9 +210,8 @@ class ReasonNode(Node):
         if p["periodic.enabled"]:
             self.create_timer(p["periodic.period_s"], self._on_periodic_timer,
                               callback_group=timer_group)
-        # Always created: prefill.enabled can be switched on at runtime.
-        self.create_timer(p["prefill.period_s"], self._on_prefill_timer,
-                          callback_group=timer_group)
+        # Always started: prefill.enabled can be switched on at runtime.
+        threading.Thread(target=self._prefill_worker, name="prefill", daemon=True).start()
         self.add_on_set_parameters_callback(self._on_set_parameters)
         self.get_logger().info(
             f"ready: model={self.runner.model_name} family={self.profile.key} "
@@ -235,6 +235,7 @@ class ReasonNode(Node):
         if self._stopping.is_set():
             return
         self._stopping.set()
+        self._prefill_wake.set()
         self.history.close()
         self.runner.close()
         if self._action_server is not None:
@@ -253,6 +254,8 @@ class ReasonNode(Node):
         stamp = cdr_header_stamp_ns(data) or self._now_ns()
         self.history.append(RawFrame(compressed, data), stamp, nbytes=len(data))
         self._last_frame_monotonic = time.monotonic()
+        if self._prefill_enabled:
+            self._prefill_wake.set()
 
     def _on_raw_image(self, data: bytes) -> None:
         self._store(data, compressed=False)
@@ -653,18 +656,36 @@ class ReasonNode(Node):
 
     # --- speculative prefill ---------------------------------------------------------------
 
-    def _on_prefill_timer(self) -> None:
-        if not self._prefill_enabled or self._stopping.is_set():
-            return
-        latest = self.history.latest()
-        busy = bool(self.slots.running or self.slots.queued or self._periodic_busy.is_set())
-        if not self.prefill.try_start(None if latest is None else latest.stamp_ns, busy):
-            return
-        with self._prefill_lock:
-            self._prefill_abort = False
-            self._prefill_handle = None
-        threading.Thread(target=self._prefill_run, args=(latest,), name="prefill",
-                         daemon=True).start()
+    def _prefill_worker(self) -> None:
+        # Woken by each new frame, so a prefill starts as soon as the frame arrives (a goal
+        # that comes while it runs waits for the rest of that engine step, then hits the
+        # cache); at most one per prefill.period_s, one at a time, on this one thread. A
+        # frame skipped while busy is retried every period until it is prefilled or replaced.
+        period = self.params["prefill.period_s"]
+        last_start = -math.inf
+        retry = False
+        while not self._stopping.is_set():
+            if not self._prefill_wake.wait(period if retry else 1.0) and not retry:
+                continue
+            self._prefill_wake.clear()
+            wait = last_start + period - time.monotonic()
+            if wait > 0 and self._stopping.wait(wait):
+                return
+            latest = self.history.latest()
+            stamp = None if latest is None else latest.stamp_ns
+            if not self._prefill_enabled:
+                retry = False
+                continue
+            busy = bool(self.slots.running or self.slots.queued or self._periodic_busy.is_set())
+            if not self.prefill.try_start(stamp, busy):
+                retry = self.prefill.wants(stamp)
+                continue
+            retry = False
+            last_start = time.monotonic()
+            with self._prefill_lock:
+                self._prefill_abort = False
+                self._prefill_handle = None
+            self._prefill_run(latest)
 
     def _prefill_run(self, frame: StoredFrame[RawFrame]) -> None:
         outcome = "failed"

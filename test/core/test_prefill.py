@@ -18,13 +18,15 @@ def test_starts_once_per_new_frame():
     assert policy.counts().skipped == 0 and policy.counts().run == 1
 
 
-def test_never_two_in_flight_and_skips_are_counted():
+def test_never_two_in_flight_and_skips_are_counted_once_per_frame():
     policy = PrefillPolicy()
     assert policy.try_start(100, busy=False)
     assert not policy.try_start(200, busy=False)
-    assert policy.counts().skipped == 1
+    assert not policy.try_start(200, busy=False)  # a retry of the same frame
+    assert policy.counts().skipped == 1 and policy.wants(200) and not policy.wants(100)
     policy.finished(100, "run")
     assert policy.try_start(200, busy=False)
+    assert not policy.wants(200) and not policy.wants(None)
 
 
 def test_busy_skips_unless_configured():
