@@ -24,6 +24,7 @@ from typing import Any, NoReturn
 
 import numpy as np
 import rclpy
+from builtin_interfaces.msg import Time
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
 from rcl_interfaces.msg import SetParametersResult
 from rclpy.action import ActionServer, CancelResponse, GoalResponse
@@ -34,10 +35,11 @@ from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
 from rclpy.serialization import deserialize_message
 from rclpy.signals import SignalHandlerOptions
 from sensor_msgs.msg import CompressedImage, Image
+from std_msgs.msg import Header
 
 from cosmos_reason_interfaces.action import Reason
 from cosmos_reason_interfaces.msg import ReasoningResult
-from cosmos_reason_ros.core import imaging, query
+from cosmos_reason_ros.core import cdr, imaging, query
 from cosmos_reason_ros.core.admission import GoalSlots
 from cosmos_reason_ros.core.annotate import draw_annotations
 from cosmos_reason_ros.core.frames import FrameHistory, StoredFrame
@@ -92,6 +94,17 @@ def cdr_header_stamp_ns(data: bytes) -> int:
     order = "<" if data[1] == 1 else ">"
     sec, nanosec = struct.unpack_from(order + "iI", data, 4)
     return sec * messages.NS_PER_S + nanosec
+
+
+@dataclass(frozen=True)
+class _ImageView:
+    """A stored raw Image read in place: its fields and a ``Header`` for the results."""
+
+    fields: cdr.ImageFields
+    header: Header
+
+    def __getattr__(self, name: str) -> Any:  # width, height, encoding, step, data, ...
+        return getattr(self.fields, name)
 
 
 @dataclass
@@ -490,11 +503,19 @@ class ReasonNode(Node):
         return ", ".join(names) or "(no camera subscription)"
 
     def _deserialize(self, frame: StoredFrame[RawFrame]) -> Any:
-        kind = CompressedImage if frame.payload.compressed else Image
+        """Return the stored message: a ``CompressedImage``, or an Image's fields.
+
+        A raw Image is read straight from its CDR bytes, the pixels as a view: deserializing
+        would first copy the whole buffer. Both carry ``header`` (stamp and frame_id).
+        """
+        if not frame.payload.compressed:
+            fields = cdr.parse_image(frame.payload.data)
+            return _ImageView(fields, Header(stamp=Time(sec=fields.sec, nanosec=fields.nanosec),
+                                             frame_id=fields.frame_id))
         try:
-            return deserialize_message(frame.payload.data, kind)
+            return deserialize_message(frame.payload.data, CompressedImage)
         except Exception as e:  # noqa: BLE001 - malformed bytes from the wire
-            raise BadImageError(f"could not deserialize the {kind.__name__} message: {e}") \
+            raise BadImageError(f"could not deserialize the CompressedImage message: {e}") \
                 from e
 
     def _compressed_to_rgb(self, msg: CompressedImage) -> Any:

@@ -335,9 +335,9 @@ CATALOGUE: list[Case] = [
     Case("camera frame with a malformed step",
          via_camera(lambda: raw_image(step=10)), BAD_IMAGE, "step=10 is smaller"),
     Case("camera frame whose encoding is not UTF-8 (raw CDR bytes)",
-         via_camera(serialized_with_bad_utf8_encoding), BAD_IMAGE, "is not supported"),
+         via_camera(serialized_with_bad_utf8_encoding), BAD_IMAGE, "encoding is not UTF-8"),
     Case("camera frame cut short on the wire (raw CDR bytes)",
-         via_camera(serialized_truncated), BAD_IMAGE, "could not deserialize the Image"),
+         via_camera(serialized_truncated), BAD_IMAGE, "serialized Image is truncated"),
     # --- text fields ------------------------------------------------------------------------
     Case("empty prompt", via_goal(lambda: goal("")), BAD_REQUEST,
          "prompt is empty; task 'vqa' needs the question"),
