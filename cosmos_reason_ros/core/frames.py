@@ -202,7 +202,9 @@ class FrameHistory(Generic[T]):
     ) -> StoredFrame[T] | None:
         """Block until a frame received after ``after_ns`` exists; return it or ``None``.
 
-        Returns the first (in receipt order) frame with ``received_ns > after_ns``; with
+        Returns the first (in receipt order) frame taken after ``after_ns``: its header stamp
+        when that is on the same clock as its receipt time (within 2 s), else its receipt
+        time; with
         ``after_ns=None``, the first frame appended after this call. Frames stored after a
         stamp reset also qualify (the clock went back, so comparing with ``after_ns`` means
         nothing). Returns ``None`` on timeout (wall clock seconds) or after :meth:`close`.
@@ -236,7 +238,7 @@ class FrameHistory(Generic[T]):
             if after_ns is None or reset_since:
                 ok = frame.seq > start_seq
             else:
-                ok = frame.received_ns > after_ns
+                ok = _capture_ns(frame) > after_ns
             if ok:
                 match = frame
             elif after_ns is None or reset_since:
@@ -304,3 +306,20 @@ class FrameHistory(Generic[T]):
             if best is not None:
                 chosen[best.seq] = best
         return sorted(chosen.values(), key=lambda f: (f.stamp_ns, f.seq))
+
+
+# Header stamps within this of the receipt time are taken to be on the same clock.
+_SAME_CLOCK_NS = 2 * _NS
+
+
+def _capture_ns(frame: StoredFrame[T]) -> int:
+    """When the frame was taken, on the history's clock, as well as it can be told.
+
+    The header stamp when it is on the same clock as the receipt time (camera drivers stamp
+    with the ROS clock; under sim time both follow /clock): a frame captured before a goal
+    but delivered after it is then not "next". Otherwise (a camera's own clock, a zero
+    stamp) the receipt time.
+    """
+    if abs(frame.received_ns - frame.stamp_ns) <= _SAME_CLOCK_NS:
+        return frame.stamp_ns
+    return frame.received_ns

@@ -146,9 +146,19 @@ def test_wait_for_next_returns_a_frame_published_by_another_thread() -> None:
 
 def test_wait_for_next_returns_an_existing_frame_at_once() -> None:
     history: FrameHistory[str] = FrameHistory()
-    history.append("a", 1, nbytes=1, received_ns=10)
-    history.append("b", 2, nbytes=1, received_ns=20)
-    assert history.wait_for_next(after_ns=10, timeout_s=0).payload == "b"
+    # Stamps on the camera's own clock (far from the receipt times): receipt order decides.
+    history.append("a", 1, nbytes=1, received_ns=10 * NS)
+    history.append("b", 2, nbytes=1, received_ns=20 * NS)
+    assert history.wait_for_next(after_ns=10 * NS, timeout_s=0).payload == "b"
+
+
+def test_next_frame_is_one_taken_after_the_request_not_only_delivered_after() -> None:
+    history: FrameHistory[str] = FrameHistory()
+    goal_ns = 100 * NS
+    # Taken 10 ms before the goal, delivered 20 ms after it (a busy callback, a replayed bag).
+    history.append("before", goal_ns - 10_000_000, nbytes=1, received_ns=goal_ns + 20_000_000)
+    history.append("after", goal_ns + 23_000_000, nbytes=1, received_ns=goal_ns + 30_000_000)
+    assert history.wait_for_next(after_ns=goal_ns, timeout_s=0).payload == "after"
 
 
 def test_wait_for_next_times_out_with_none() -> None:
