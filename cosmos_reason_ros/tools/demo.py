@@ -72,8 +72,8 @@ def wait_ready(proc: subprocess.Popen, log: list[str], timeout_s: float) -> bool
     return ready.is_set()
 
 
-def stop_node(proc: subprocess.Popen) -> None:
-    """SIGTERM, then kill the process group if it does not end within 15 s."""
+def stop_node(proc: subprocess.Popen) -> int | None:
+    """SIGTERM, then kill the process group if it does not end within 15 s; the exit code."""
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -81,6 +81,7 @@ def stop_node(proc: subprocess.Popen) -> None:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(5)
+    return proc.returncode
 
 
 def run(args: argparse.Namespace, model: str, preset: str) -> int:

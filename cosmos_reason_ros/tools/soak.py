@@ -30,6 +30,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from cosmos_reason_ros.tools.demo import stop_node, wait_ready
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -57,27 +59,6 @@ def start_node(model: str, preset: str, periodic_s: float, extra: Sequence[str]
         args += ["-p", item]
     return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-
-
-def wait_ready(proc: subprocess.Popen, log: list[str], timeout_s: float) -> bool:
-    """Collect the node's output in ``log``; True once it logs 'ready'."""
-    ready = threading.Event()
-
-    def read() -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            log.append(line.rstrip())
-            if "]: ready: " in line:
-                ready.set()
-            if len(log) > 5000:
-                del log[:1000]
-
-    threading.Thread(target=read, daemon=True).start()
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and proc.poll() is None:
-        if ready.wait(0.5):
-            return True
-    return ready.is_set()
 
 
 def render_frame(t: float, width: int, height: int) -> Any:
@@ -196,7 +177,7 @@ def run(args: argparse.Namespace) -> int:
         proc = start_node(model, args.preset, args.periodic_s, args.param)
         if not wait_ready(proc, log, args.startup_timeout_s):
             print("soak: the node did not become ready:\n" + "\n".join(log[-30:]))
-            _stop(proc)
+            stop_node(proc)
             return 2
         pid = proc.pid
     if not pid:
@@ -234,7 +215,8 @@ def run(args: argparse.Namespace) -> int:
     client = ReasonClient(context=node.context, node_name="soak_client")
     if not client.wait_for_server(30.0):
         print("soak: no action server")
-        _stop(proc)
+        if proc is not None:
+            stop_node(proc)
         return 2
 
     stop = threading.Event()
@@ -332,7 +314,7 @@ def run(args: argparse.Namespace) -> int:
     node.destroy_node()
     rclpy.try_shutdown()
     if proc is not None:
-        code = _stop(proc)
+        code = stop_node(proc)
         if code != 0:
             print(f"soak: the node exited with {code}:\n" + "\n".join(log[-20:]))
             return 1
@@ -344,19 +326,6 @@ def _pct(values: list[float], q: float) -> float:
         return float("nan")
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]
-
-
-def _stop(proc: subprocess.Popen | None) -> int | None:
-    if proc is None or proc.poll() is not None:
-        return None if proc is None else proc.returncode
-    import signal
-
-    proc.send_signal(signal.SIGTERM)
-    try:
-        return proc.wait(30)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        return proc.wait(5)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
