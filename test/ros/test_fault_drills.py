@@ -360,11 +360,14 @@ def test_goal_timeouts_while_generating_and_while_queued(io):
     assert "timed out during generation after" in result.error_message
     assert took < 1.0 + 5.0
     # Fill every slot with long goals; a short-deadline goal then times out in the queue.
-    started = threading.Event()
-    fillers = [io.client.submit(image_goal("Long.", response_schema=LONG_SCHEMA,
-                                           max_tokens=512), generating(started))
+    # (A 4000-character string outlasts max_tokens, so every filler runs all 512 tokens.)
+    endless = LONG_SCHEMA.replace("1500", "4000")
+    t_fill = time.monotonic()
+    fillers = [io.client.submit(image_goal("Long.", response_schema=endless, max_tokens=512))
                for _ in range(MAX_RUNNING)]
-    assert started.wait(120)
+    full = io.wait_diag(lambda st: values(st).get("goals_active") == str(MAX_RUNNING), 120,
+                        since=t_fill)
+    assert full, "the fillers never held every slot"
     queued = io.client.run(image_goal(timeout_s=1.0), 60)
     for h in fillers:
         h.cancel()
