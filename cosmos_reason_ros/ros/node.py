@@ -232,7 +232,7 @@ class ReasonNode(Node):
             f"max_concurrent_goals={self.slots.max_running} prefill={self._prefill_enabled}")
 
     def _on_set_parameters(self, params: list[Any]) -> SetParametersResult:
-        # Only RUNTIME_PARAMS reach here (the rest are declared read-only); all are bools.
+        # Only config.RUNTIME_PARAMS reach here (the rest are declared read-only); all bools.
         for param in params:
             if not isinstance(param.value, bool):
                 return SetParametersResult(successful=False,
@@ -698,14 +698,13 @@ class ReasonNode(Node):
                 retry = False
                 continue
             busy = bool(self.slots.running or self.slots.queued or self._periodic_busy.is_set())
+            with self._prefill_lock:  # reset before it counts as in flight: no abort is lost
+                self._prefill_abort = False
             if not self.prefill.try_start(stamp, busy):
                 retry = self.prefill.wants(stamp)
                 continue
             retry = False
             last_start = time.monotonic()
-            with self._prefill_lock:
-                self._prefill_abort = False
-                self._prefill_handle = None
             self._prefill_run(latest)
 
     def _prefill_run(self, frame: StoredFrame[RawFrame]) -> None:
