@@ -327,7 +327,13 @@ class _NodePlayer:
         self.advance_to(self.info.start_ns + int(round(item.t_s * NS)))
         if self.cfg.rate is None:
             self.collect(block=True)
-            time.sleep(self.cfg.settle_s)  # the last frame's delivery (best effort) settles
+            # Reliable camera subscribers have the frames once they acknowledge them (a busy
+            # node can lag the replayer by several frames); best effort gets a short settle.
+            from rclpy.duration import Duration
+
+            for publisher in self.publishers.values():
+                publisher.wait_for_all_acked(Duration(seconds=5.0))
+            time.sleep(self.cfg.settle_s)
         goal = ReasonClient.goal(
             g.prompt, g.task, g.targets, reasoning=g.reasoning, source=SOURCES[g.source],
             clip_duration_s=g.clip_duration_s, clip_fps=g.clip_fps, max_tokens=g.max_tokens,

@@ -44,6 +44,8 @@ MAX_RUNNING, MAX_QUEUED = 16, 64
 LONG_SCHEMA = json.dumps({"type": "object", "properties": {"text": {
     "type": "string", "minLength": 1500, "maxLength": 1500}}, "required": ["text"],
     "additionalProperties": False})
+# A string longer than 512 tokens can hold: goals with it run until max_tokens.
+ENDLESS_SCHEMA = LONG_SCHEMA.replace("1500", "4000")
 
 
 class IO:
@@ -329,7 +331,7 @@ def test_100_goals_at_once_every_goal_gets_a_result(io):
 
 def test_50_goals_cancelled_at_once_leave_the_engine_idle(io):
     started = threading.Event()
-    handles = [io.client.submit(image_goal("Write a lot.", response_schema=LONG_SCHEMA,
+    handles = [io.client.submit(image_goal("Write a lot.", response_schema=ENDLESS_SCHEMA,
                                            max_tokens=512), generating(started))
                for _ in range(50)]
     assert started.wait(120), "no goal started generating"
@@ -360,10 +362,9 @@ def test_goal_timeouts_while_generating_and_while_queued(io):
     assert "timed out during generation after" in result.error_message
     assert took < 1.0 + 5.0
     # Fill every slot with long goals; a short-deadline goal then times out in the queue.
-    # (A 4000-character string outlasts max_tokens, so every filler runs all 512 tokens.)
-    endless = LONG_SCHEMA.replace("1500", "4000")
     t_fill = time.monotonic()
-    fillers = [io.client.submit(image_goal("Long.", response_schema=endless, max_tokens=512))
+    fillers = [io.client.submit(image_goal("Long.", response_schema=ENDLESS_SCHEMA,
+                                           max_tokens=512))
                for _ in range(MAX_RUNNING)]
     full = io.wait_diag(lambda st: values(st).get("goals_active") == str(MAX_RUNNING), 120,
                         since=t_fill)
