@@ -313,6 +313,9 @@ def test_image_arrays_survive_exactly(io):
     assert result.ok, result.error_message
 
 
+# A starved 2-core CI machine can drop a published frame before the node reads it; the clip
+# then has a gap. Rerun rather than loosen the spacing check (finding in RELIABILITY.md).
+@pytest.mark.flaky(reruns=2)
 def test_clip_of_3_s_at_4_fps_from_a_15_hz_stream_uses_12_frames(io):
     t0 = io.node.get_clock().now().nanoseconds
     period = 10**9 // 15
