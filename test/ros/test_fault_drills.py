@@ -44,8 +44,10 @@ MAX_RUNNING, MAX_QUEUED = 16, 64
 LONG_SCHEMA = json.dumps({"type": "object", "properties": {"text": {
     "type": "string", "minLength": 1500, "maxLength": 1500}}, "required": ["text"],
     "additionalProperties": False})
-# A string longer than 512 tokens can hold: goals with it run until max_tokens.
-ENDLESS_SCHEMA = LONG_SCHEMA.replace("1500", "4000")
+# A string no answer of LONG_TOKENS can finish: goals with it run until max_tokens, several
+# seconds even on a fast machine (the tiny model writes 1500 characters in under a second).
+ENDLESS_SCHEMA = LONG_SCHEMA.replace("1500", "30000")
+LONG_TOKENS = 3000
 
 
 class IO:
@@ -283,6 +285,7 @@ def node(tiny_qwen3_vl):
     # The engine core in its own process (vLLM's default), so a drill can kill it.
     proc = NodeProcess("cpu_demo", {
         "engine.model": str(tiny_qwen3_vl), "limits.max_concurrent_goals": MAX_RUNNING,
+        "limits.max_tokens": LONG_TOKENS,
         "limits.max_queued_goals": MAX_QUEUED, "image.qos_reliability": "reliable",
         "image.qos_depth": 10, "image.max_age_s": 1.0, "diagnostics.period_s": 0.25,
         "diagnostics.camera_warn_s": 1.0, "diagnostics.camera_error_s": 3.0},
@@ -335,7 +338,7 @@ def test_100_goals_at_once_every_goal_gets_a_result(io):
 def test_50_goals_cancelled_at_once_leave_the_engine_idle(io):
     started = threading.Event()
     handles = [io.client.submit(image_goal("Write a lot.", response_schema=ENDLESS_SCHEMA,
-                                           max_tokens=512), generating(started))
+                                           max_tokens=LONG_TOKENS), generating(started))
                for _ in range(50)]
     assert started.wait(120), "no goal started generating"
     time.sleep(0.5)
@@ -357,8 +360,8 @@ def test_50_goals_cancelled_at_once_leave_the_engine_idle(io):
 
 def test_goal_timeouts_while_generating_and_while_queued(io):
     t0 = time.monotonic()
-    result = io.client.run(image_goal("Long.", response_schema=LONG_SCHEMA, max_tokens=512,
-                                      timeout_s=1.0), 60)
+    result = io.client.run(image_goal("Long.", response_schema=ENDLESS_SCHEMA,
+                                      max_tokens=LONG_TOKENS, timeout_s=1.0), 60)
     took = time.monotonic() - t0
     print(f"\ntimeout_s=1 while generating: {result.error_code.name} after {took:.2f} s")
     assert (result.status, result.error_code) == ("aborted", ErrorCode.TIMEOUT)
@@ -367,7 +370,7 @@ def test_goal_timeouts_while_generating_and_while_queued(io):
     # Fill every slot with long goals; a short-deadline goal then times out in the queue.
     t_fill = time.monotonic()
     fillers = [io.client.submit(image_goal("Long.", response_schema=ENDLESS_SCHEMA,
-                                           max_tokens=512))
+                                           max_tokens=LONG_TOKENS))
                for _ in range(MAX_RUNNING)]
     full = io.wait_diag(lambda st: values(st).get("goals_active") == str(MAX_RUNNING), 120,
                         since=t_fill)

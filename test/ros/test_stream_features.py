@@ -24,7 +24,7 @@ from cosmos_reason_ros.core.types import ErrorCode  # noqa: E402
 pytestmark = [pytest.mark.ros, pytest.mark.engine, pytest.mark.slow]
 PERIOD_S = 1.0
 LONG_SCHEMA = json.dumps({"type": "object", "properties": {"text": {
-    "type": "string", "minLength": 500, "maxLength": 500}}, "required": ["text"],
+    "type": "string", "minLength": 30000, "maxLength": 30000}}, "required": ["text"],
     "additionalProperties": False})
 
 
@@ -34,6 +34,7 @@ def node(tiny_qwen3_vl):
         "engine.model": str(tiny_qwen3_vl), "image.input": "both",
         "periodic.enabled": True, "periodic.period_s": PERIOD_S,
         "periodic.prompt": "Is anything blocking the way?", "periodic.max_tokens": 4,
+        "limits.max_tokens": 3000,
         "diagnostics.period_s": 0.5, "image.max_age_s": 30.0})
     proc.wait_ready()
     yield proc
@@ -137,11 +138,13 @@ def test_periodic_runs_publish_at_the_period_and_skip_while_busy(io):
     assert all(m.prompt == "Is anything blocking the way?" for _, m in periodic)
 
     before, _ = io.latest_diag_values()
+    # Goals that run until cancelled (a string no 3000-token answer can finish).
     handles = [io.client.submit(io.client.goal("Long", response_schema=LONG_SCHEMA,
-                                               max_tokens=512)) for _ in range(4)]
+                                               max_tokens=3000)) for _ in range(4)]
     time.sleep(PERIOD_S * 2.5)  # timers fire while the goals run: they must skip
     for handle in handles:
-        handle.result(120)
+        handle.cancel()
+    assert all(h.result(120).status == "canceled" for h in handles)
     io.wait_diag_update()
     after, _ = io.latest_diag_values()
     assert int(after["periodic_skipped"]) > int(before["periodic_skipped"])
