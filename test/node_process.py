@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -14,6 +15,23 @@ from pathlib import Path
 import numpy as np
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def text_schema(chars: int) -> str:
+    """A response schema of one string of exactly ``chars`` characters.
+
+    Under constrained decoding it forces a long answer: random weights stop only when made to.
+    """
+    return json.dumps({"type": "object", "properties": {"text": {
+        "type": "string", "minLength": chars, "maxLength": chars}}, "required": ["text"],
+        "additionalProperties": False})
+
+
+# Goals that run until cancelled (or max_tokens): no answer of ENDLESS_TOKENS tokens can
+# finish the string, and the tiny model writes 1500 characters in under a second, so shorter
+# "busy" goals can end before a test's cancel or check. Needs limits.max_tokens >= this.
+ENDLESS_SCHEMA = text_schema(30000)
+ENDLESS_TOKENS = 3000
 
 
 class NodeProcess:

@@ -302,7 +302,7 @@ class ReasonNode(Node):
             self.counters[outcome] += 1
 
     def _execute(self, goal_handle: Any) -> Reason.Result:
-        t_accept = time.monotonic()
+        t_accept, accepted_ns = time.monotonic(), self._now_ns()
         goal: Goal = goal_handle.request
         msg = ReasoningResult(goal_id=bytes(goal_handle.goal_id.uuid).hex(), origin="goal",
                               model=self.runner.model_name, task=goal.task, prompt=goal.prompt)
@@ -328,7 +328,7 @@ class ReasonNode(Node):
             if not holding_slot:
                 self._raise_interrupted(goal_handle, "while waiting for a free slot")
             timings["queue_s"] = time.monotonic() - t_accept
-            media = self._acquire_media(goal, goal_handle, deadline, t_accept)
+            media = self._acquire_media(goal, goal_handle, deadline, t_accept, accepted_ns)
             msg.header = messages.source_header(media.header)
             msg.frame_stamps = messages.stamps(media.stamps_ns)
             timings["preprocess_s"] = time.monotonic() - t_accept - timings["queue_s"]
@@ -409,7 +409,7 @@ class ReasonNode(Node):
         return float(goal.wait_for_image_s) or self.params["image.wait_s"]
 
     def _acquire_media(self, goal: Goal, goal_handle: Any, deadline: float,
-                       t_accept: float) -> _Media:
+                       t_accept: float, accepted_ns: int) -> _Media:
         if goal.source == Goal.SOURCE_GOAL_IMAGE:
             if len(goal.compressed_image.data) > 0:
                 rgb = self._compressed_to_rgb(goal.compressed_image)
@@ -422,7 +422,7 @@ class ReasonNode(Node):
         if goal.source == Goal.SOURCE_CLIP:
             return self._acquire_clip(goal)
         self._feedback(goal_handle, Feedback.STAGE_WAITING_FOR_IMAGE, t_accept)
-        return self._frame_media(self._pick_frame(goal, goal_handle, deadline, t_accept))
+        return self._frame_media(self._pick_frame(goal, goal_handle, deadline, accepted_ns))
 
     def _frame_media(self, frame: StoredFrame[RawFrame]) -> _Media:
         """Decode and prepare a stored frame: one path for goals and prefills alike."""
@@ -462,12 +462,12 @@ class ReasonNode(Node):
         return _Media(prepared, decoded[-1].header, stamps, lambda: rgbs[-1])
 
     def _pick_frame(self, goal: Goal, goal_handle: Any, deadline: float,
-                    t_accept: float) -> StoredFrame[RawFrame]:
+                    accepted_ns: int) -> StoredFrame[RawFrame]:
         wait_s = min(self._wait_s(goal), max(0.0, deadline - time.monotonic()))
         if goal.source == Goal.SOURCE_NEXT:
-            # "After acceptance": frames received since the goal arrived, by the node clock.
-            after_ns = self._now_ns() - int((time.monotonic() - t_accept) * 1e9)
-            frame = self._wait_frame(goal_handle, after_ns, wait_s)
+            # "After acceptance": frames taken since the goal arrived, by the node clock (under
+            # sim time a paused /clock means a paused recording, so no wall time is mixed in).
+            frame = self._wait_frame(goal_handle, accepted_ns, wait_s)
             if frame is None:
                 raise NoImageError(f"no new frame on '{self._image_topics()}' within "
                                    f"{wait_s:.2f} s")
@@ -650,7 +650,7 @@ class ReasonNode(Node):
             msg.task = spec.task.value
             deadline = t0 + p["limits.goal_timeout_s"]
             goal = Goal(source=Goal.SOURCE_LATEST, wait_for_image_s=0.001)
-            media = self._acquire_media(goal, handle, deadline, t0)
+            media = self._acquire_media(goal, handle, deadline, t0, self._now_ns())
             msg.header = messages.source_header(media.header)
             msg.frame_stamps = messages.stamps(media.stamps_ns)
             msg.preprocess_s = time.monotonic() - t0

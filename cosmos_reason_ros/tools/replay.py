@@ -351,17 +351,14 @@ class _NodePlayer:
         pending = _Pending(item, self.client.submit(goal, on_feedback), stage,
                            frames_needed=NEXT_FRAMES if g.source == "next" else 0)
         self.pending.append(pending)
-        if g.source == "next":  # the next frame must come after the goal's acceptance
-            # Sim time keeps flowing meanwhile (at the rate; 1x for --rate max): the node
-            # takes "frames received after the goal" by its clock, which must not stand still.
-            t_wait, clock0 = time.monotonic(), self.clock_ns
-            end = t_wait + self.cfg.connect_timeout_s
+        if g.source == "next":
+            # The recording pauses (no frames, /clock held at the query time) until the node
+            # waits for the goal's frame, so the next recorded frame is also the next one taken
+            # after the goal's acceptance by the node's (sim) clock.
+            end = time.monotonic() + self.cfg.connect_timeout_s
             while not stage.wait(0.02) and not pending.handle.future.done() \
                     and time.monotonic() < end:
-                self.publish_clock(clock0 + int((time.monotonic() - t_wait)
-                                                * (self.cfg.rate or 1.0) * NS))
-            self.publish_clock(clock0 + int((time.monotonic() - t_wait)
-                                            * (self.cfg.rate or 1.0) * NS))
+                pass
 
     def collect(self, block: bool) -> None:
         """Record finished goals; with ``block``, first wait for those not needing frames."""

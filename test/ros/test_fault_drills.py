@@ -7,7 +7,6 @@ keeps serving; the figures printed here are the ones docs/RELIABILITY.md reports
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import socket
@@ -26,7 +25,13 @@ import pytest
 
 rclpy = pytest.importorskip("rclpy", reason="needs the ROS 2 wheels (make setup)")
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus  # noqa: E402
-from node_process import NodeProcess, rgb_image_msg, scene  # noqa: E402
+from node_process import (  # noqa: E402
+    ENDLESS_SCHEMA,
+    ENDLESS_TOKENS,
+    NodeProcess,
+    rgb_image_msg,
+    scene,
+)
 from rclpy.executors import MultiThreadedExecutor  # noqa: E402
 from sensor_msgs.msg import Image  # noqa: E402
 
@@ -40,14 +45,6 @@ pytestmark = [pytest.mark.ros, pytest.mark.engine, pytest.mark.slow]
 Goal = Reason.Goal
 Feedback = Reason.Feedback
 MAX_RUNNING, MAX_QUEUED = 16, 64
-# Forces a long answer under constrained decoding (random weights stop only when made to).
-LONG_SCHEMA = json.dumps({"type": "object", "properties": {"text": {
-    "type": "string", "minLength": 1500, "maxLength": 1500}}, "required": ["text"],
-    "additionalProperties": False})
-# A string no answer of LONG_TOKENS can finish: goals with it run until max_tokens, several
-# seconds even on a fast machine (the tiny model writes 1500 characters in under a second).
-ENDLESS_SCHEMA = LONG_SCHEMA.replace("1500", "30000")
-LONG_TOKENS = 3000
 
 
 class IO:
@@ -244,8 +241,8 @@ def test_remote_server_down_then_up_then_killed_mid_stream(tiny_qwen3_vl):
         assert grounded.ok, grounded.error_message
 
         started = threading.Event()
-        long = io.client.submit(image_goal("Long.", response_schema=LONG_SCHEMA,
-                                           max_tokens=2000), generating(started))
+        long = io.client.submit(image_goal("Long.", response_schema=ENDLESS_SCHEMA,
+                                           max_tokens=ENDLESS_TOKENS), generating(started))
         assert started.wait(60)
         time.sleep(0.3)
         t_kill = time.monotonic()
@@ -285,7 +282,7 @@ def node(tiny_qwen3_vl):
     # The engine core in its own process (vLLM's default), so a drill can kill it.
     proc = NodeProcess("cpu_demo", {
         "engine.model": str(tiny_qwen3_vl), "limits.max_concurrent_goals": MAX_RUNNING,
-        "limits.max_tokens": LONG_TOKENS,
+        "limits.max_tokens": ENDLESS_TOKENS,
         "limits.max_queued_goals": MAX_QUEUED, "image.qos_reliability": "reliable",
         "image.qos_depth": 10, "image.max_age_s": 1.0, "diagnostics.period_s": 0.25,
         "diagnostics.camera_warn_s": 1.0, "diagnostics.camera_error_s": 3.0},
@@ -338,7 +335,7 @@ def test_100_goals_at_once_every_goal_gets_a_result(io):
 def test_50_goals_cancelled_at_once_leave_the_engine_idle(io):
     started = threading.Event()
     handles = [io.client.submit(image_goal("Write a lot.", response_schema=ENDLESS_SCHEMA,
-                                           max_tokens=LONG_TOKENS), generating(started))
+                                           max_tokens=ENDLESS_TOKENS), generating(started))
                for _ in range(50)]
     assert started.wait(120), "no goal started generating"
     time.sleep(0.5)
@@ -364,7 +361,7 @@ def test_50_goals_cancelled_at_once_leave_the_engine_idle(io):
 def test_goal_timeouts_while_generating_and_while_queued(io):
     t0 = time.monotonic()
     result = io.client.run(image_goal("Long.", response_schema=ENDLESS_SCHEMA,
-                                      max_tokens=LONG_TOKENS, timeout_s=1.0), 60)
+                                      max_tokens=ENDLESS_TOKENS, timeout_s=1.0), 60)
     took = time.monotonic() - t0
     print(f"\ntimeout_s=1 while generating: {result.error_code.name} after {took:.2f} s")
     assert (result.status, result.error_code) == ("aborted", ErrorCode.TIMEOUT)
@@ -373,7 +370,7 @@ def test_goal_timeouts_while_generating_and_while_queued(io):
     # Fill every slot with long goals; a short-deadline goal then times out in the queue.
     t_fill = time.monotonic()
     fillers = [io.client.submit(image_goal("Long.", response_schema=ENDLESS_SCHEMA,
-                                           max_tokens=LONG_TOKENS))
+                                           max_tokens=ENDLESS_TOKENS))
                for _ in range(MAX_RUNNING)]
     full = io.wait_diag(lambda st: values(st).get("goals_active") == str(MAX_RUNNING), 120,
                         since=t_fill)
@@ -421,8 +418,8 @@ def test_dead_engine_core_fails_goals_fast_and_the_node_stays_up(io, node):
              if "EngineCore" in " ".join(p.cmdline())]
     assert len(cores) == 1, [p.cmdline() for p in psutil.Process(node.proc.pid).children()]
     started = threading.Event()
-    running = io.client.submit(image_goal("Long.", response_schema=LONG_SCHEMA,
-                                          max_tokens=512), generating(started))
+    running = io.client.submit(image_goal("Long.", response_schema=ENDLESS_SCHEMA,
+                                          max_tokens=ENDLESS_TOKENS), generating(started))
     assert started.wait(60)
     t_kill = time.monotonic()
     cores[0].kill()

@@ -11,7 +11,7 @@ import pytest
 
 rclpy = pytest.importorskip("rclpy", reason="needs the ROS 2 wheels (make setup)")
 from diagnostic_msgs.msg import DiagnosticArray  # noqa: E402
-from node_process import NodeProcess, scene  # noqa: E402
+from node_process import ENDLESS_SCHEMA, ENDLESS_TOKENS, NodeProcess, scene  # noqa: E402
 from rclpy.executors import MultiThreadedExecutor  # noqa: E402
 from rclpy.qos import qos_profile_sensor_data  # noqa: E402
 from sensor_msgs.msg import CompressedImage  # noqa: E402
@@ -23,9 +23,6 @@ from cosmos_reason_ros.core.types import ErrorCode  # noqa: E402
 
 pytestmark = [pytest.mark.ros, pytest.mark.engine, pytest.mark.slow]
 PERIOD_S = 1.0
-LONG_SCHEMA = json.dumps({"type": "object", "properties": {"text": {
-    "type": "string", "minLength": 30000, "maxLength": 30000}}, "required": ["text"],
-    "additionalProperties": False})
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +31,7 @@ def node(tiny_qwen3_vl):
         "engine.model": str(tiny_qwen3_vl), "image.input": "both",
         "periodic.enabled": True, "periodic.period_s": PERIOD_S,
         "periodic.prompt": "Is anything blocking the way?", "periodic.max_tokens": 4,
-        "limits.max_tokens": 3000,
+        "limits.max_tokens": ENDLESS_TOKENS,
         "diagnostics.period_s": 0.5, "image.max_age_s": 30.0})
     proc.wait_ready()
     yield proc
@@ -139,8 +136,8 @@ def test_periodic_runs_publish_at_the_period_and_skip_while_busy(io):
 
     before, _ = io.latest_diag_values()
     # Goals that run until cancelled (a string no 3000-token answer can finish).
-    handles = [io.client.submit(io.client.goal("Long", response_schema=LONG_SCHEMA,
-                                               max_tokens=3000)) for _ in range(4)]
+    handles = [io.client.submit(io.client.goal("Long", response_schema=ENDLESS_SCHEMA,
+                                               max_tokens=ENDLESS_TOKENS)) for _ in range(4)]
     time.sleep(PERIOD_S * 2.5)  # timers fire while the goals run: they must skip
     for handle in handles:
         handle.cancel()
