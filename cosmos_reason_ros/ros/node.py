@@ -71,6 +71,9 @@ NODE_NAME = "cosmos_reason"
 _CANCEL_GRACE_S = 5.0  # how long a cancelled request may take to end in the engine
 _POLL_S = 0.05  # goal threads re-check cancel/timeout at least this often
 ACTION_QUEUE_DEPTH = 256  # goal/result/cancel requests buffered per action service
+# ~/results is reliable keep-last: a burst (e.g. 100 goals at once, most refused OVERLOADED)
+# must fit in the writer's history until a slow subscriber acknowledges it, or results drop.
+RESULTS_QUEUE_DEPTH = 256
 Goal = Reason.Goal
 Feedback = Reason.Feedback
 
@@ -160,7 +163,8 @@ class ReasonNode(Node):
         self._prefill_abort = False
         self._prefill_wake = threading.Event()
 
-        self.results_pub = self.create_publisher(ReasoningResult, "~/results", 50)
+        self.results_pub = self.create_publisher(ReasoningResult, "~/results",
+                                                RESULTS_QUEUE_DEPTH)
         self.diagnostics_pub = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
         self.annotated_pub = self.create_publisher(Image, "~/annotated_image", 2)
         self._vision_msgs = load_vision_msgs()
