@@ -24,6 +24,7 @@ class PrefillCounts:
     aborted: int = 0  # prefills cancelled because a goal on another frame needed the engine
     failed: int = 0  # prefills that ended with an engine error
     goals_on_prefilled_frame: int = 0  # goals whose frame had been prefilled
+    goals_on_ready_frame: int = 0  # 'latest' goals given an older, prefilled frame instead
 
 
 class PrefillPolicy:
@@ -89,6 +90,22 @@ class PrefillPolicy:
             if hit:
                 self._counts["goals_on_prefilled_frame"] += 1
             return hit
+
+    def ready_frame(self, stamps_newest_first: list[int]) -> int | None:
+        """For a goal on the latest frame: the newest prefilled frame when the newest is not.
+
+        ``stamps_newest_first`` are the candidate frames (the caller bounds how much older
+        they may be). Returns ``None`` when the newest frame is prefilled itself or none is;
+        otherwise the stamp to use instead (counted), whose prefix the engine already holds.
+        """
+        with self._lock:
+            if not stamps_newest_first or stamps_newest_first[0] in self._done:
+                return None
+            for stamp in stamps_newest_first[1:]:
+                if stamp in self._done:
+                    self._counts["goals_on_ready_frame"] += 1
+                    return stamp
+            return None
 
     @property
     def in_flight(self) -> bool:

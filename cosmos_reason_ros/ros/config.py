@@ -173,6 +173,12 @@ PARAMS: tuple[Param, ...] = (
     Param("prefill.skip_while_busy", True, "Start no prefill while goals or a periodic run are "
           "running or queued (a running prefill of another frame is always aborted when a "
           "goal needs the engine)."),
+    Param("prefill.ready_frame_within_s", 0.0, "A goal on the latest frame uses the newest "
+          "already-prefilled frame instead when the newest frame is not prefilled yet and at "
+          "most this much newer (by stamp): a slightly older frame, answered from the prefix "
+          "cache, rather than waiting for or redoing the image prefill. The result's header "
+          "names the frame used. 0 = always the newest frame. Settable at runtime.",
+          _range(0, 10), runtime=True),
     Param("prefill.reasoning", False, "Prefill the prefix of goals with reasoning on (differs "
           "only for Cosmos-Reason1 / Qwen2.5-VL, whose system prompt changes with it)."),
     # --- diagnostics.* -------------------------------------------------------------------

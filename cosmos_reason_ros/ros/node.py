@@ -64,7 +64,12 @@ from cosmos_reason_ros.engines.base import EngineState
 from cosmos_reason_ros.engines.factory import create_engine
 from cosmos_reason_ros.engines.runner import EngineRunner
 from cosmos_reason_ros.ros import messages
-from cosmos_reason_ros.ros.config import ConfigError, declare_and_load, engine_options
+from cosmos_reason_ros.ros.config import (
+    ConfigError,
+    declare_and_load,
+    engine_options,
+    validate,
+)
 from cosmos_reason_ros.ros.detections import load_vision_msgs, to_detection_array
 
 NODE_NAME = "cosmos_reason"
@@ -236,14 +241,15 @@ class ReasonNode(Node):
             f"max_concurrent_goals={self.slots.max_running} prefill={self._prefill_enabled}")
 
     def _on_set_parameters(self, params: list[Any]) -> SetParametersResult:
-        # Only config.RUNTIME_PARAMS reach here (the rest are declared read-only); all bools.
+        # Only config.RUNTIME_PARAMS reach here (the rest are declared read-only); checked
+        # like startup values, and applied only if all of them are valid.
+        try:
+            updated = validate({**self.params, **{p.name: p.value for p in params}})
+        except ConfigError as e:
+            return SetParametersResult(successful=False, reason=str(e))
+        self.params = updated
+        self._prefill_enabled = updated["prefill.enabled"]
         for param in params:
-            if not isinstance(param.value, bool):
-                return SetParametersResult(successful=False,
-                                           reason=f"{param.name} must be a bool")
-        for param in params:
-            if param.name == "prefill.enabled":
-                self._prefill_enabled = param.value
             self.get_logger().info(f"{param.name} set to {param.value}")
         return SetParametersResult(successful=True)
 
@@ -482,12 +488,23 @@ class ReasonNode(Node):
             if frame is None:
                 raise NoImageError(f"no image received on '{self._image_topics()}' yet "
                                    f"(waited {wait_s:.2f} s)")
+        frame = self._ready_frame(frame)
         max_age = float(goal.max_image_age_s) or self.params["image.max_age_s"]
         age_s = (self._now_ns() - frame.stamp_ns) / 1e9
         if max_age > 0 and age_s > max_age:
             raise ImageTooOldError(f"latest image is {age_s:.3f} s old; max_image_age_s="
                                    f"{max_age:g}")
         return frame
+
+    def _ready_frame(self, newest: StoredFrame[RawFrame]) -> StoredFrame[RawFrame]:
+        """Return the newest frame, or a slightly older one whose prefix the engine holds."""
+        within_ns = int(self.params["prefill.ready_frame_within_s"] * 1e9)
+        if within_ns <= 0:
+            return newest
+        candidates = [newest] + [f for f in reversed(self.history.snapshot()) if f is not newest
+                                 and 0 <= newest.stamp_ns - f.stamp_ns <= within_ns]
+        stamp = self.prefill.ready_frame([f.stamp_ns for f in candidates])
+        return next((f for f in candidates if f.stamp_ns == stamp), newest)
 
     def _wait_frame(self, goal_handle: Any, after_ns: int | None,
                     wait_s: float) -> StoredFrame[RawFrame] | None:

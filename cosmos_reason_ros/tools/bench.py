@@ -18,8 +18,9 @@ baseline node (``tools/bench_baseline.py``). Then the modes run, interleaved req
 - ``ingest``: camera callback cost, and the node's CPU share at 30 Hz 1080p with and without
   goals running;
 - ``memory``: the node's RSS over 10 000 frames and 1 000 goals;
-- ``prefill``: goals on the latest frame of a 5 Hz camera with ``prefill.enabled`` on vs off
-  (skipped, not failed, when the node has no such parameter).
+- ``prefill``: goals on the latest frame of a 5 Hz camera with ``prefill.enabled`` on vs off:
+  one at a time (TTFT) and 8 at once (throughput); skipped, not failed, when the node has no
+  such parameter.
 
 Requests: images 640x480, 1280x720, 1920x1080 (a new deterministic picture for every request
 unless the mode is about reuse), a short answer (8 tokens), 128 and 512 output tokens with
@@ -61,6 +62,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 ALL_MODES = ("engine", "node", "baseline", "concurrency", "second", "ingest", "memory",
              "prefill")
 LENGTHS = {"short": 8, "128": 128, "512": 512}
+PREFILL_BATCH = 8  # concurrent goals for the prefill mode's throughput check (issue #10)
 PROMPT = "Describe what you see in the image."
 PROMPT_2 = "Which objects are in the image, and where are they?"
 SERVED_NAME = "bench"
@@ -1177,6 +1179,8 @@ class Bench:
                         out = self.ros.node_submit(PROMPT, LENGTHS["short"])()
                         results.sample(phase="prefill", mode="node", prefill=enabled,
                                        size=size_name(size), round=r, warmup=r < 0, **out)
+                    stop.wait(0.35)
+                    self._prefill_batch(results, enabled, size, r)
                 rounds += r >= 0
         finally:
             stop.set()
@@ -1189,6 +1193,22 @@ class Bench:
         results.extra("prefill_diagnostics", {k: {"before": diag_before.get(k),
                                                   "after": after.get(k)} for k in keys})
         results.mode("prefill", status="ran", rounds=rounds, wanted=wanted)
+
+    def _prefill_batch(self, results: Results, enabled: bool, size: tuple[int, int],
+                       r: int) -> None:
+        """Real goals' throughput with prefill on or off: 8 goals at once on the latest frame."""
+        assert self.ros is not None
+        t0 = time.monotonic()
+        outs = [w() for w in [self.ros.node_submit(PROMPT, LENGTHS["128"])
+                              for _ in range(PREFILL_BATCH)]]
+        bad = [o for o in outs if not o.get("ok")]
+        results.batch(phase="prefill", mode="node", prefill=enabled, concurrency=PREFILL_BATCH,
+                      size=size_name(size), round=r, warmup=r < 0, ok=not bad and r >= 0,
+                      error=bad[0].get("error") if bad else None,
+                      wall_s=time.monotonic() - t0,
+                      output_tokens=sum(o.get("output_tokens") or 0 for o in outs),
+                      ttft_s=[o.get("ttft_s") for o in outs],
+                      cached_prompt_tokens=[o.get("cached_prompt_tokens") for o in outs])
 
     # --- driver ----------------------------------------------------------------------------
 

@@ -63,6 +63,21 @@ def test_hits_are_counted_for_completed_prefills_only():
     assert policy.counts().goals_on_prefilled_frame == 2
 
 
+def test_ready_frame_is_the_newest_prefilled_one_when_the_newest_is_not():
+    policy = PrefillPolicy()
+    assert policy.ready_frame([]) is None
+    for stamp in (10, 20):
+        policy.try_start(stamp, busy=False)
+        policy.finished(stamp, "run")
+    assert policy.ready_frame([20, 10]) is None  # the newest is prefilled: use it
+    policy.try_start(30, busy=False)  # in flight, not done
+    assert policy.ready_frame([30, 20, 10]) == 20
+    assert policy.ready_frame([30]) is None  # nothing prefilled within the caller's window
+    policy.finished(30, "aborted")
+    assert policy.ready_frame([40, 30, 5]) is None  # aborted and unknown frames never count
+    assert policy.counts().goals_on_ready_frame == 1
+
+
 def test_failed_prefill_frees_the_slot():
     policy = PrefillPolicy()
     policy.try_start(5, busy=False)

@@ -88,9 +88,12 @@ def io(node, tiny_qwen3_vl):
                                     timeout_s), io.diagnostics[-1:]
             return dict(io.diagnostics[-1])
 
-    def set_param(name, value: bool):
-        param = Parameter(name=name, value=ParameterValue(type=ParameterType.PARAMETER_BOOL,
-                                                          bool_value=value))
+    def set_param(name, value: bool | float):
+        if isinstance(value, bool):
+            typed = ParameterValue(type=ParameterType.PARAMETER_BOOL, bool_value=value)
+        else:
+            typed = ParameterValue(type=ParameterType.PARAMETER_DOUBLE, double_value=value)
+        param = Parameter(name=name, value=typed)
         future = io.set_params.call_async(SetParameters.Request(parameters=[param]))
         deadline = time.monotonic() + 10
         while not future.done() and time.monotonic() < deadline:
@@ -162,7 +165,45 @@ def test_no_prefill_starts_while_a_goal_runs(io):
     io.wait_diag(lambda d: counter(d, "prefill_run") > counter(during, "prefill_run"))
 
 
-def test_only_prefill_enabled_changes_at_runtime(io):
+def test_ready_frame_answers_from_the_newest_prefilled_frame(io):
+    assert io.set_param("prefill.enabled", True).successful
+    before = io.wait_diag(lambda d: d["prefill_enabled"] == "True")
+    io.publish_new_frame()
+    prefilled = io.wait_diag(lambda d: counter(d, "prefill_run") > counter(before, "prefill_run"))
+    # A newer frame that nothing prefills (prefill off): the goal would compute its image.
+    assert io.set_param("prefill.enabled", False).successful
+    io.publish_new_frame()
+    io.wait_diag(lambda d: counter(d, "frames_received") > counter(prefilled, "frames_received"))
+    assert io.set_param("prefill.ready_frame_within_s", 5.0).successful
+    try:
+        ready = io.client.ask("What is on the table?", max_tokens=4)
+        assert ready.ok, ready.error_message
+        assert ready.message.cached_prompt_tokens >= io.image_tokens - BLOCK
+        after = io.wait_diag(lambda d: counter(d, "goals_on_ready_frame")
+                             > counter(prefilled, "goals_on_ready_frame"))
+        assert counter(after, "goals_on_prefilled_frame") > counter(
+            prefilled, "goals_on_prefilled_frame")
+        # Strict 'latest' (0): the newest frame, not in the caches, one frame period later.
+        assert io.set_param("prefill.ready_frame_within_s", 0.0).successful
+        newest = io.client.ask("What is on the table?", max_tokens=4)
+        assert newest.ok, newest.error_message
+        stamp = messages_ns(ready.message.header.stamp)
+        assert messages_ns(newest.message.header.stamp) > stamp
+        assert newest.message.cached_prompt_tokens < io.image_tokens - BLOCK
+    finally:
+        io.set_param("prefill.ready_frame_within_s", 0.0)
+        io.set_param("prefill.enabled", True)
+
+
+def messages_ns(stamp) -> int:
+    return stamp.sec * 1_000_000_000 + stamp.nanosec
+
+
+def test_only_prefill_parameters_change_at_runtime_and_are_checked(io):
     refused = io.set_param("periodic.enabled", True)
     assert not refused.successful and "read-only" in refused.reason
+    bad = io.set_param("prefill.ready_frame_within_s", -1.0)
+    assert not bad.successful and "prefill.ready_frame_within_s=-1.0: allowed: >= 0" in bad.reason
+    wrong_type = io.set_param("prefill.ready_frame_within_s", True)
+    assert not wrong_type.successful and "expected float" in wrong_type.reason
     assert io.set_param("prefill.enabled", True).successful

@@ -82,6 +82,13 @@ def test_throughput_and_scaling_use_batch_medians() -> None:
     assert tput[("node", 8)] == bs.Summary(1, 400.0, 400.0)
     assert bs.scaling(tput, "node") == {1: 1.0, 8: pytest.approx(400 / 75)}
     assert bs.scaling(tput, "engine") == {}
+    # Batches of another phase (prefill on/off) stay out of the concurrency figures.
+    prefill = [{"phase": "prefill", "mode": "node", "concurrency": 8, "prefill": on, "ok": True,
+                "wall_s": 1.0, "output_tokens": tokens} for on, tokens in ((True, 900),
+                                                                          (False, 1000))]
+    assert bs.throughput(batches + prefill) == tput
+    assert bs.throughput(batches + prefill, ("prefill",), phase="prefill") == {
+        (True,): bs.Summary(1, 900.0, 900.0), (False,): bs.Summary(1, 1000.0, 1000.0)}
 
 
 def test_growth_compares_tail_with_the_level_after_warm_up() -> None:
@@ -137,3 +144,18 @@ def test_report_states_ratios_and_target_results() -> None:
 def test_report_flags_a_missed_target() -> None:
     report = bs.render_report(_report_data(0.020))
     assert "20.0 ms (target <= 5 ms) | MISSED" in report
+
+
+def test_report_checks_prefill_targets_on_the_gpu() -> None:
+    samples = [{"phase": "prefill", "mode": "node", "prefill": on, "ok": True, "ttft_s": t,
+                "cached_prompt_tokens": c} for on, t, c in ((True, 0.030, 304),
+                                                            (False, 0.080, 0))]
+    batches = [{"phase": "prefill", "mode": "node", "prefill": on, "concurrency": 8,
+                "ok": True, "wall_s": 1.0, "output_tokens": tokens}
+               for on, tokens in ((True, 850), (False, 1000))]
+    report = bs.render_report({"meta": {"device": "gpu"}, "samples": samples,
+                               "batches": batches, "extra": {}})
+    assert "| on | 1 | 30.0 | 30.0 | 304 | 1 | 850.0 |" in report
+    assert "prefill on / off | 0.38x (target <= 0.4x) | met" in report
+    assert "8-goal throughput, prefill on / off | 0.85x (target >= 0.9x) | MISSED" in report
+    assert "## Concurrency" not in report  # prefill batches are not the concurrency sweep
