@@ -63,6 +63,8 @@ ALL_MODES = ("engine", "node", "baseline", "concurrency", "second", "ingest", "m
              "prefill")
 LENGTHS = {"short": 8, "128": 128, "512": 512}
 PREFILL_BATCH = 8  # concurrent goals for the prefill mode's throughput check (issue #10)
+# The prefill mode's settings: (prefill.enabled, prefill.ready_frame_within_s).
+PREFILL_SETTINGS = {"off": (False, 0.0), "on": (True, 0.0), "on+ready": (True, 0.3)}
 PROMPT = "Describe what you see in the image."
 PROMPT_2 = "Which objects are in the image, and where are they?"
 SERVED_NAME = "bench"
@@ -1166,35 +1168,45 @@ class Bench:
         thread.start()
         wanted = self.args.repeats or self.device.repeats
         rounds = 0
-        diag_before = self.ros.diag()
+        settings = dict(PREFILL_SETTINGS)
+        if self.ros.get_param("prefill.ready_frame_within_s") is None:
+            del settings["on+ready"]  # a node from before the parameter
+        diag_before = self.ros.fresh_diag()
         try:
             for r in range(-1, wanted):
                 if r >= 1 and time.monotonic() > deadline:
                     break
-                order = [True, False] if r % 2 == 0 else [False, True]
-                for enabled in order:
+                names = list(settings)
+                order = names[r % len(names):] + names[:r % len(names)]
+                for setting in order:
+                    enabled, ready_s = settings[setting]
                     self.ros.set_param("prefill.enabled", enabled)
+                    if "on+ready" in settings:
+                        self.ros.set_param("prefill.ready_frame_within_s", ready_s)
                     for _ in range(3):
-                        stop.wait(0.35)  # mid-way between frames: a prefill may have run
+                        # At a random phase of the camera, as goals come in practice: the
+                        # newest frame may be prefilled, in prefill, or not yet seen.
+                        stop.wait(0.35)
                         out = self.ros.node_submit(PROMPT, LENGTHS["short"])()
                         results.sample(phase="prefill", mode="node", prefill=enabled,
-                                       size=size_name(size), round=r, warmup=r < 0, **out)
+                                       setting=setting, size=size_name(size), round=r,
+                                       warmup=r < 0, **out)
                     stop.wait(0.35)
-                    self._prefill_batch(results, enabled, size, r)
+                    self._prefill_batch(results, setting, size, r)
                 rounds += r >= 0
         finally:
             stop.set()
             thread.join(2)
             with contextlib.suppress(Exception):
                 self.ros.set_param("prefill.enabled", False)
-        time.sleep(1.2)
-        keys = ("prefill_run", "prefill_skipped", "prefill_aborted", "goals_on_prefilled_frame")
-        after = self.ros.diag()
+        keys = ("prefill_run", "prefill_skipped", "prefill_aborted", "goals_on_prefilled_frame",
+                "goals_on_ready_frame")
+        after = self.ros.fresh_diag()
         results.extra("prefill_diagnostics", {k: {"before": diag_before.get(k),
                                                   "after": after.get(k)} for k in keys})
         results.mode("prefill", status="ran", rounds=rounds, wanted=wanted)
 
-    def _prefill_batch(self, results: Results, enabled: bool, size: tuple[int, int],
+    def _prefill_batch(self, results: Results, setting: str, size: tuple[int, int],
                        r: int) -> None:
         """Real goals' throughput with prefill on or off: 8 goals at once on the latest frame."""
         assert self.ros is not None
@@ -1202,7 +1214,8 @@ class Bench:
         outs = [w() for w in [self.ros.node_submit(PROMPT, LENGTHS["128"])
                               for _ in range(PREFILL_BATCH)]]
         bad = [o for o in outs if not o.get("ok")]
-        results.batch(phase="prefill", mode="node", prefill=enabled, concurrency=PREFILL_BATCH,
+        results.batch(phase="prefill", mode="node", prefill=PREFILL_SETTINGS[setting][0],
+                      setting=setting, concurrency=PREFILL_BATCH,
                       size=size_name(size), round=r, warmup=r < 0, ok=not bad and r >= 0,
                       error=bad[0].get("error") if bad else None,
                       wall_s=time.monotonic() - t0,

@@ -147,15 +147,22 @@ def test_report_flags_a_missed_target() -> None:
 
 
 def test_report_checks_prefill_targets_on_the_gpu() -> None:
-    samples = [{"phase": "prefill", "mode": "node", "prefill": on, "ok": True, "ttft_s": t,
-                "cached_prompt_tokens": c} for on, t, c in ((True, 0.030, 304),
-                                                            (False, 0.080, 0))]
-    batches = [{"phase": "prefill", "mode": "node", "prefill": on, "concurrency": 8,
-                "ok": True, "wall_s": 1.0, "output_tokens": tokens}
-               for on, tokens in ((True, 850), (False, 1000))]
+    samples = [{"phase": "prefill", "mode": "node", "prefill": on, "setting": setting,
+                "ok": True, "ttft_s": t, "cached_prompt_tokens": c}
+               for on, setting, t, c in ((True, "on", 0.040, 304), (False, "off", 0.080, 0),
+                                         (True, "on+ready", 0.030, 304))]
+    samples.append({"phase": "prefill", "mode": "node", "prefill": True, "ok": True,
+                    "ttft_s": 0.050})  # an older run's sample: no setting, prefill on
+    batches = [{"phase": "prefill", "mode": "node", "prefill": on, "setting": setting,
+                "concurrency": 8, "ok": True, "wall_s": 1.0, "output_tokens": tokens}
+               for on, setting, tokens in ((True, "on", 850), (False, "off", 1000),
+                                           (True, "on+ready", 950))]
     report = bs.render_report({"meta": {"device": "gpu"}, "samples": samples,
                                "batches": batches, "extra": {}})
-    assert "| on | 1 | 30.0 | 30.0 | 304 | 1 | 850.0 |" in report
-    assert "prefill on / off | 0.38x (target <= 0.4x) | met" in report
+    assert "| on+ready | 1 | 30.0 | 30.0 | 304 | 1 | 950.0 |" in report
+    assert "| on | 2 | 45.0 |" in report
+    assert "prefill on+ready / off | 0.38x (target <= 0.4x) | met" in report
+    assert "prefill on / off | 0.56x (target <= 0.4x) | MISSED" in report
     assert "8-goal throughput, prefill on / off | 0.85x (target >= 0.9x) | MISSED" in report
+    assert "8-goal throughput, prefill on+ready / off | 0.95x (target >= 0.9x) | met" in report
     assert "## Concurrency" not in report  # prefill batches are not the concurrency sweep
