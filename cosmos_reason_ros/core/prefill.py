@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 
@@ -35,6 +36,8 @@ class PrefillPolicy:
         self.skip_while_busy = skip_while_busy
         self._lock = threading.Lock()
         self._in_flight: int | None = None  # stamp of the frame being prefilled
+        self._cancel: Callable[[], None] | None = None  # cancels the in-flight engine request
+        self._abort_requested = False  # a goal needs the engine: the in-flight one must go
         self._last_started: int | None = None
         self._last_skipped: int | None = None
         self._done: collections.deque[int] = collections.deque(maxlen=remember_frames)
@@ -56,6 +59,7 @@ class PrefillPolicy:
                     self._counts["skipped"] += 1
                 return False
             self._in_flight = self._last_started = newest_stamp_ns
+            self._cancel, self._abort_requested = None, False
             return True
 
     def wants(self, stamp_ns: int | None) -> bool:
@@ -63,14 +67,36 @@ class PrefillPolicy:
         with self._lock:
             return stamp_ns is not None and stamp_ns != self._last_started
 
-    def should_abort_for_goal(self, goal_stamp_ns: int) -> bool:
-        """Whether the prefill in flight must give way to a goal about ``goal_stamp_ns``.
+    @property
+    def abort_requested(self) -> bool:
+        """Whether a goal asked the in-flight prefill to give way (checked before submitting)."""
+        with self._lock:
+            return self._abort_requested
 
-        A prefill of the goal's own frame is kept: the goal needs exactly that work, and
-        aborting it would only redo it.
+    def attach(self, cancel: Callable[[], None]) -> bool:
+        """Register how to cancel the in-flight prefill's engine request.
+
+        Returns False when a goal asked it to give way meanwhile: the caller cancels it itself.
         """
         with self._lock:
-            return self._in_flight is not None and self._in_flight != goal_stamp_ns
+            if self._in_flight is None or self._abort_requested:
+                return False
+            self._cancel = cancel
+            return True
+
+    def make_way_for(self, goal_stamp_ns: int) -> Callable[[], None] | None:
+        """Ask the in-flight prefill to give way to a goal about ``goal_stamp_ns``.
+
+        A prefill of the goal's own frame is kept: the goal needs exactly that work, and
+        aborting it would only redo it. Returns the cancel function to call (outside any
+        lock), or None: nothing to abort, or the request is not submitted yet (the worker then
+        sees :attr:`abort_requested` or a refused :meth:`attach`).
+        """
+        with self._lock:
+            if self._in_flight is None or self._in_flight == goal_stamp_ns:
+                return None
+            self._abort_requested = True
+            return self._cancel
 
     def finished(self, stamp_ns: int, outcome: str) -> None:
         """Record the end of the prefill of ``stamp_ns``: 'run', 'aborted' or 'failed'."""
@@ -78,7 +104,7 @@ class PrefillPolicy:
             raise ValueError(f"unknown prefill outcome {outcome!r}")
         with self._lock:
             if self._in_flight == stamp_ns:
-                self._in_flight = None
+                self._in_flight, self._cancel, self._abort_requested = None, None, False
             self._counts[outcome] += 1
             if outcome == "run":
                 self._done.append(stamp_ns)

@@ -42,6 +42,7 @@ from cosmos_reason_interfaces.msg import ReasoningResult
 from cosmos_reason_ros.core import cdr, imaging, query
 from cosmos_reason_ros.core.admission import GoalSlots
 from cosmos_reason_ros.core.annotate import draw_annotations
+from cosmos_reason_ros.core.benchstats import percentile
 from cosmos_reason_ros.core.frames import FrameHistory, StoredFrame
 from cosmos_reason_ros.core.models import ModelProfile, detect_profile
 from cosmos_reason_ros.core.prefill import PrefillPolicy
@@ -163,9 +164,6 @@ class ReasonNode(Node):
         # Speculative prefill of the newest frame (see core/prefill.py).
         self.prefill = PrefillPolicy(skip_while_busy=p["prefill.skip_while_busy"])
         self._prefill_enabled = p["prefill.enabled"]
-        self._prefill_lock = threading.Lock()
-        self._prefill_handle: Any = None
-        self._prefill_abort = False
         self._prefill_wake = threading.Event()
 
         self.results_pub = self.create_publisher(ReasoningResult, "~/results",
@@ -719,8 +717,6 @@ class ReasonNode(Node):
                 retry = False
                 continue
             busy = bool(self.slots.running or self.slots.queued or self._periodic_busy.is_set())
-            with self._prefill_lock:  # reset before it counts as in flight: no abort is lost
-                self._prefill_abort = False
             if not self.prefill.try_start(stamp, busy):
                 retry = self.prefill.wants(stamp)
                 continue
@@ -735,11 +731,12 @@ class ReasonNode(Node):
             request = query.build_prefill_request(uuid.uuid4().hex, self.profile,
                                                   media.prepared,
                                                   reasoning=self.params["prefill.reasoning"])
-            with self._prefill_lock:
-                if self._prefill_abort:
-                    outcome = "aborted"
-                    return
-                handle = self._prefill_handle = self.runner.submit(request)
+            if self.prefill.abort_requested:
+                outcome = "aborted"
+                return
+            handle = self.runner.submit(request)
+            if not self.prefill.attach(handle.cancel):
+                handle.cancel()  # a goal asked for the engine while this was being submitted
             _, final = handle.collect(timeout_s=self.params["limits.goal_timeout_s"])
             outcome = "aborted" if final.finish_reason is FinishReason.CANCELLED else "run"
         except CosmosReasonError as e:
@@ -749,19 +746,13 @@ class ReasonNode(Node):
             self.get_logger().error(f"prefill: internal error: {e!r}",
                                     throttle_duration_sec=30.0)
         finally:
-            with self._prefill_lock:
-                self._prefill_handle = None
             self.prefill.finished(frame.stamp_ns, outcome)
 
     def _make_way_for(self, stamp_ns: int) -> None:
         """Abort a prefill of another frame before a goal or periodic run uses the engine."""
-        if not self.prefill.should_abort_for_goal(stamp_ns):
-            return
-        with self._prefill_lock:
-            self._prefill_abort = True
-            handle = self._prefill_handle
-        if handle is not None:
-            handle.cancel()
+        cancel = self.prefill.make_way_for(stamp_ns)
+        if cancel is not None:
+            cancel()
 
     # --- diagnostics ---------------------------------------------------------------------
 
@@ -802,9 +793,9 @@ class ReasonNode(Node):
                for k, v in dataclasses.asdict(self.prefill.counts()).items()},
         }
         for i, name in ((0, "ttft"), (1, "total")):
-            series = sorted(x[i] for x in latencies)
+            series = [x[i] for x in latencies]
             for q in (50, 95):
-                values[f"{name}_p{q}_s"] = f"{_percentile(series, q):.4f}" if series else ""
+                values[f"{name}_p{q}_s"] = f"{percentile(series, q):.4f}" if series else ""
         return DiagnosticStatus(
             level=level, name=f"{self.get_name()}: visual reasoning",
             hardware_id=self.runner.model_name,
@@ -817,12 +808,6 @@ class ReasonNode(Node):
         array = DiagnosticArray(status=[self.diagnostics_status()])
         array.header.stamp = self.get_clock().now().to_msg()
         self.diagnostics_pub.publish(array)
-
-
-def _percentile(sorted_values: list[float], q: float) -> float:
-    """Nearest-rank percentile of an already sorted, non-empty list."""
-    rank = max(0, min(len(sorted_values) - 1, math.ceil(q / 100 * len(sorted_values)) - 1))
-    return sorted_values[rank]
 
 
 class _PeriodicHandle:

@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from cosmos_reason_ros.core.benchstats import percentile
 from cosmos_reason_ros.tools.demo import stop_node, wait_ready
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -288,7 +289,8 @@ def run(args: argparse.Namespace) -> int:
     report = {
         "config": {k: v for k, v in vars(args).items()},
         "counts": final, "codes": codes,
-        "goal_latency_s": {"p50": _pct(latencies, 50), "p95": _pct(latencies, 95)},
+        "goal_latency_s": {"p50": percentile(latencies, 50),
+                           "p95": percentile(latencies, 95)},
         "rss_mb": {"first": samples[0]["rss_mb"] if samples else None,
                    "max": max((s["rss_mb"] for s in samples), default=None),
                    "last": samples[-1]["rss_mb"] if samples else None},
@@ -319,13 +321,6 @@ def run(args: argparse.Namespace) -> int:
             print(f"soak: the node exited with {code}:\n" + "\n".join(log[-20:]))
             return 1
     return 0 if summary["passed"] else 1
-
-
-def _pct(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:

@@ -44,13 +44,29 @@ def test_no_frame_is_not_a_skip():
 
 def test_goal_on_another_frame_aborts_but_its_own_frame_is_kept():
     policy = PrefillPolicy()
-    assert not policy.should_abort_for_goal(100)  # nothing in flight
+    assert policy.make_way_for(100) is None  # nothing in flight
     policy.try_start(100, busy=False)
-    assert not policy.should_abort_for_goal(100)
-    assert policy.should_abort_for_goal(99)
+    cancelled = []
+    assert policy.attach(lambda: cancelled.append(100))
+    assert policy.make_way_for(100) is None and not policy.abort_requested
+    cancel = policy.make_way_for(99)
+    assert policy.abort_requested and cancel is not None
+    cancel()
+    assert cancelled == [100]
     policy.finished(100, "aborted")
     assert not policy.in_flight and policy.counts().aborted == 1
+    assert not policy.abort_requested  # the next prefill starts clean
     assert not policy.goal_frame(100)  # an aborted prefill is no hit
+
+
+def test_an_abort_before_the_request_is_attached_is_not_lost():
+    policy = PrefillPolicy()
+    policy.try_start(100, busy=False)
+    assert policy.make_way_for(99) is None  # not submitted yet: nothing to cancel ...
+    assert policy.abort_requested  # ... so the worker skips submitting,
+    assert not policy.attach(lambda: None)  # or, if it already did, cancels it itself
+    policy.finished(100, "aborted")
+    assert policy.try_start(101, busy=False) and policy.attach(lambda: None)
 
 
 def test_hits_are_counted_for_completed_prefills_only():
