@@ -26,6 +26,7 @@ from typing import Any
 import rclpy
 from action_msgs.msg import GoalStatus
 from rclpy.action import ActionClient
+from rclpy.context import Context
 from rclpy.executors import SingleThreadedExecutor
 from rclpy.node import Node
 from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
@@ -115,9 +116,17 @@ class ReasonClient:
 
     def __init__(self, action_name: str = DEFAULT_ACTION, context: Any = None,
                  node_name: str = "cosmos_reason_client") -> None:
-        """Create a private node in ``context`` (default: the global one) and spin it."""
-        if context is None and not rclpy.ok():
-            rclpy.init()
+        """Create a private node in ``context`` and spin it.
+
+        ``context=None`` (the default) gives the client a context of its own, and so its own
+        DDS participant. Sharing one with a publisher of camera frames in the same process
+        delayed about 1 % of goals by 0.3-3 s: a request lost behind the frames is repaired
+        only at the next Fast DDS heartbeat (every 3 s). See docs/PERFORMANCE.md.
+        """
+        self._own_context: Context | None = None
+        if context is None:
+            context = self._own_context = Context()
+            rclpy.init(context=context)
         self.node: Node = rclpy.create_node(node_name, context=context)
         # Deep request queues, like the node's: the default (10) drops bursts of goals.
         requests_qos = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=256,
@@ -146,6 +155,8 @@ class ReasonClient:
         self._client.destroy()
         self._executor.shutdown(timeout_sec=1.0)
         self.node.destroy_node()
+        if self._own_context is not None:
+            rclpy.try_shutdown(context=self._own_context)
 
     def __enter__(self) -> ReasonClient:
         """Context manager: ``close()`` on exit."""

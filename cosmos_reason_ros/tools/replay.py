@@ -235,7 +235,8 @@ def run_through_node(cfg: ReplayConfig, scenario: Scenario, schedule: tuple[Sche
                 continue
             publishers[topic] = node.create_publisher(cls, cfg.remaps.get(topic, topic), qos)
         clock_pub = node.create_publisher(Clock, "/clock", qos)
-        client = ReasonClient(f"/{cfg.node_name}/reason", context=context,
+        # Its own participant: never behind the recorded frames this process publishes.
+        client = ReasonClient(f"/{cfg.node_name}/reason",
                               node_name="cosmos_reason_replay_client")
         if not client.wait_for_server(cfg.connect_timeout_s):
             raise ReplayError(f"no action server /{cfg.node_name}/reason within "

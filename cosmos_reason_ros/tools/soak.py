@@ -213,7 +213,7 @@ def run(args: argparse.Namespace) -> int:
     node.create_subscription(ReasoningResult, "/cosmos_reason/results", on_result, 100)
     node.create_subscription(DiagnosticArray, "/diagnostics", on_diag, 10)
     camera = node.create_publisher(Image, "/image", qos_profile_sensor_data)
-    client = ReasonClient(context=node.context, node_name="soak_client")
+    client = ReasonClient(node_name="soak_client")  # its own participant, not the camera's
     if not client.wait_for_server(30.0):
         print("soak: no action server")
         if proc is not None:

@@ -126,7 +126,7 @@ def io(node):
     io.lock = threading.Lock()
     test_node.create_subscription(ReasoningResult, "/cosmos_reason/results",
                                   lambda m: io.results.append(m), 50)
-    io.client = ReasonClient(context=context)
+    io.client = ReasonClient()  # own participant, as a planner's would be
     assert io.client.wait_for_server(30.0)
     deadline = time.monotonic() + 30
     while io.camera.get_subscription_count() == 0 and time.monotonic() < deadline:

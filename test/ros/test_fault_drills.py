@@ -64,7 +64,7 @@ class IO:
         self.node.create_subscription(ReasoningResult, f"/{node_name}/results",
                                       self._on_result, 300)
         self.node.create_subscription(DiagnosticArray, "/diagnostics", self._on_diag, 10)
-        self.client = ReasonClient(f"/{node_name}/reason", context=self.context)
+        self.client = ReasonClient(f"/{node_name}/reason")  # own participant
         self._camera_stop: threading.Event | None = None
 
     def _on_result(self, msg: ReasoningResult) -> None:

@@ -92,7 +92,7 @@ def io(node):
             io.results_cond.notify_all()
 
     test_node.create_subscription(DiagnosticArray, "/diagnostics", on_diagnostics, 10)
-    io.client = ReasonClient(context=context)
+    io.client = ReasonClient()  # own participant, as a planner's would be
     assert io.client.wait_for_server(30.0)
     deadline = time.monotonic() + 30
     while io.camera.get_subscription_count() == 0 and time.monotonic() < deadline:

@@ -70,7 +70,7 @@ def io(node, tiny_qwen3_vl):
 
     test_node.create_subscription(DiagnosticArray, "/diagnostics", on_diag, 10)
     io.set_params = test_node.create_client(SetParameters, "/cosmos_reason/set_parameters")
-    io.client = ReasonClient(context=context)
+    io.client = ReasonClient()  # own participant, as a planner's would be
     assert io.client.wait_for_server(30) and io.set_params.wait_for_service(30)
     deadline = time.monotonic() + 30
     while io.camera.get_subscription_count() == 0 and time.monotonic() < deadline:

@@ -69,7 +69,7 @@ def io(node):
 
     test_node.create_subscription(ReasoningResult, "/cosmos_reason/results", on_result, 50)
     test_node.create_subscription(DiagnosticArray, "/diagnostics", on_diag, 10)
-    io.client = ReasonClient(context=context)
+    io.client = ReasonClient()  # own participant, as a planner's would be
     assert io.client.wait_for_server(30)
     deadline = time.monotonic() + 30
     while io.compressed.get_subscription_count() == 0 and time.monotonic() < deadline:
