@@ -163,7 +163,6 @@ class ReasonNode(Node):
 
         # Speculative prefill of the newest frame (see core/prefill.py).
         self.prefill = PrefillPolicy(skip_while_busy=p["prefill.skip_while_busy"])
-        self._prefill_enabled = p["prefill.enabled"]
         self._prefill_wake = threading.Event()
 
         self.results_pub = self.create_publisher(ReasoningResult, "~/results",
@@ -236,7 +235,7 @@ class ReasonNode(Node):
         self.get_logger().info(
             f"ready: model={self.runner.model_name} family={self.profile.key} "
             f"engine={p['engine.kind']} startup_s={time.monotonic() - t0:.1f} "
-            f"max_concurrent_goals={self.slots.max_running} prefill={self._prefill_enabled}")
+            f"max_concurrent_goals={self.slots.max_running} prefill={p['prefill.enabled']}")
 
     def _on_set_parameters(self, params: list[Any]) -> SetParametersResult:
         # Only config.RUNTIME_PARAMS reach here (the rest are declared read-only); checked
@@ -246,7 +245,6 @@ class ReasonNode(Node):
         except ConfigError as e:
             return SetParametersResult(successful=False, reason=str(e))
         self.params = updated
-        self._prefill_enabled = updated["prefill.enabled"]
         for param in params:
             self.get_logger().info(f"{param.name} set to {param.value}")
         return SetParametersResult(successful=True)
@@ -275,7 +273,7 @@ class ReasonNode(Node):
         stamp = cdr_header_stamp_ns(data) or self._now_ns()
         self.history.append(RawFrame(compressed, data), stamp, nbytes=len(data))
         self._last_frame_monotonic = time.monotonic()
-        if self._prefill_enabled:
+        if self.params["prefill.enabled"]:
             self._prefill_wake.set()
 
     def _on_raw_image(self, data: bytes) -> None:
@@ -713,7 +711,7 @@ class ReasonNode(Node):
                 return
             latest = self.history.latest()
             stamp = None if latest is None else latest.stamp_ns
-            if not self._prefill_enabled:
+            if not self.params["prefill.enabled"]:
                 retry = False
                 continue
             busy = bool(self.slots.running or self.slots.queued or self._periodic_busy.is_set())
@@ -788,7 +786,7 @@ class ReasonNode(Node):
             "goals_active": self.slots.running, "goals_queued": self.slots.queued,
             **{f"goals_{k}": v for k, v in counters.items()},
             **{f"periodic_{k}": v for k, v in periodic.items()},
-            "prefill_enabled": self._prefill_enabled,
+            "prefill_enabled": p["prefill.enabled"],
             **{(k if k.startswith("goals") else f"prefill_{k}"): v
                for k, v in dataclasses.asdict(self.prefill.counts()).items()},
         }

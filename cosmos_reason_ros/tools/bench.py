@@ -964,12 +964,7 @@ class Bench:
             return
         bad = [o for o in outs if not o.get("ok") or (stamp is not None
                                                       and o.get("stamp_ns") != stamp)]
-        results.batch(mode=mode, concurrency=n, round=r, warmup=r < 0, ok=not bad and r >= 0,
-                      error=bad[0].get("error") if bad else None, wall_s=wall,
-                      output_tokens=sum(o.get("output_tokens") or 0 for o in outs),
-                      e2e_s=[o.get("e2e_s") for o in outs],
-                      ttft_s=[o.get("ttft_s") for o in outs],
-                      cached_prompt_tokens=[o.get("cached_prompt_tokens") for o in outs])
+        record_batch(results, outs, bad, wall, r, mode=mode, concurrency=n)
 
     def phase_second(self, results: Results) -> None:
         """Q1 then Q2 about the same fresh frame, per mode, interleaved."""
@@ -1213,15 +1208,10 @@ class Bench:
         t0 = time.monotonic()
         outs = [w() for w in [self.ros.node_submit(PROMPT, LENGTHS["128"])
                               for _ in range(PREFILL_BATCH)]]
-        bad = [o for o in outs if not o.get("ok")]
-        results.batch(phase="prefill", mode="node", prefill=PREFILL_SETTINGS[setting][0],
-                      setting=setting, concurrency=PREFILL_BATCH,
-                      size=size_name(size), round=r, warmup=r < 0, ok=not bad and r >= 0,
-                      error=bad[0].get("error") if bad else None,
-                      wall_s=time.monotonic() - t0,
-                      output_tokens=sum(o.get("output_tokens") or 0 for o in outs),
-                      ttft_s=[o.get("ttft_s") for o in outs],
-                      cached_prompt_tokens=[o.get("cached_prompt_tokens") for o in outs])
+        record_batch(results, outs, [o for o in outs if not o.get("ok")],
+                     time.monotonic() - t0, r, phase="prefill", mode="node",
+                     prefill=PREFILL_SETTINGS[setting][0], setting=setting,
+                     concurrency=PREFILL_BATCH, size=size_name(size))
 
     # --- driver ----------------------------------------------------------------------------
 
@@ -1264,6 +1254,17 @@ class Bench:
             results.extra("close_s", time.monotonic() - t_close)
             results.extra("total_s", time.monotonic() - self.budget.t0)
             results.write(force=True)
+
+
+def record_batch(results: Results, outs: list[dict[str, Any]], bad: list[dict[str, Any]],
+                 wall_s: float, r: int, **fields: Any) -> None:
+    """Record a finished batch: its wall time, summed output tokens and per-request figures."""
+    results.batch(**fields, round=r, warmup=r < 0, ok=not bad and r >= 0,
+                  error=bad[0].get("error") if bad else None, wall_s=wall_s,
+                  output_tokens=sum(o.get("output_tokens") or 0 for o in outs),
+                  e2e_s=[o.get("e2e_s") for o in outs],
+                  ttft_s=[o.get("ttft_s") for o in outs],
+                  cached_prompt_tokens=[o.get("cached_prompt_tokens") for o in outs])
 
 
 def callback_cost(model: str, runs: int = 2000) -> dict[str, Any]:
