@@ -517,6 +517,7 @@ def render_report(data: Mapping[str, Any]) -> str:
 
     pre_samples = prefill_only(samples)
     pre = summarize(pre_samples, ("setting",), "ttft_s")
+    pre_node = summarize(pre_samples, ("setting",), "node_ttft_s")  # transport left out
     pre_cached = summarize(pre_samples, ("setting",), "cached_prompt_tokens")
     pre_tput = throughput(prefill_only(data.get("batches", [])), ("setting",), phase="prefill")
     if pre or pre_tput:
@@ -526,14 +527,18 @@ def render_report(data: Mapping[str, Any]) -> str:
                           key=lambda k: (k != "off", k))
         for setting in settings:
             t, c, b = pre.get((setting,)), pre_cached.get((setting,)), pre_tput.get((setting,))
+            n = pre_node.get((setting,))
             rows.append((setting, t.n if t else 0, _ms(t.median) if t else "–",
-                         _ms(t.p95) if t else "–", fmt(c.median if c else math.nan, 0),
+                         _ms(t.p95) if t else "–", _ms(n.median) if n else "–",
+                         fmt(c.median if c else math.nan, 0),
                          b.n if b else 0, fmt(b.median if b else math.nan)))
         lines.append(table(("prefill", "goals", "TTFT p50 ms", "TTFT p95 ms",
-                            "cached tokens p50", "8-goal batches", "tok/s p50"), rows))
+                            "node TTFT p50 ms", "cached tokens p50", "8-goal batches",
+                            "tok/s p50"), rows))
         lines.append("")
         lines.append("One goal at a time (short answer), then 8 goals at once (128 tokens each), "
-                     "each at a random phase of the camera.")
+                     "each at a random phase of the camera. Node TTFT: as the node measures it, "
+                     "from the goal's start (the action transport left out).")
         diag = extra.get("prefill_diagnostics")
         if diag:
             lines.append("")

@@ -96,6 +96,10 @@ PARAMS: tuple[Param, ...] = (
     Param("engine.warmup_width", 640, "Width of the warm-up image (use the camera's).",
           _range(16, 8192)),
     Param("engine.warmup_height", 480, "Height of the warm-up image.", _range(16, 8192)),
+    Param("engine.freeze_heap", True, "After startup, move every object that exists then "
+          "(engine config, tokenizer, processor) out of Python's garbage collector's view "
+          "(gc.freeze), so full collections, which stop every thread of the node, walk only "
+          "what goals create. Pauses since startup are in diagnostics (gc_*)."),
     Param("engine.endpoints", ["http://127.0.0.1:8000/v1"], "openai: base URLs of the servers "
           "(several = least-busy selection with failover)."),
     Param("engine.api_key_env", "", "openai: NAME of the environment variable holding the API "

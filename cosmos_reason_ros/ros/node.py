@@ -44,6 +44,7 @@ from cosmos_reason_ros.core.admission import GoalSlots
 from cosmos_reason_ros.core.annotate import draw_annotations
 from cosmos_reason_ros.core.benchstats import percentile
 from cosmos_reason_ros.core.frames import FrameHistory, StoredFrame
+from cosmos_reason_ros.core.gcwatch import GcPauses, freeze_heap
 from cosmos_reason_ros.core.models import ModelProfile, detect_profile
 from cosmos_reason_ros.core.prefill import PrefillPolicy
 from cosmos_reason_ros.core.types import (
@@ -163,6 +164,7 @@ class ReasonNode(Node):
 
         # Speculative prefill of the newest frame (see core/prefill.py).
         self.prefill = PrefillPolicy(skip_while_busy=p["prefill.skip_while_busy"])
+        self.gc_pauses = GcPauses().install()
         self._prefill_wake = threading.Event()
 
         self.results_pub = self.create_publisher(ReasoningResult, "~/results",
@@ -232,6 +234,11 @@ class ReasonNode(Node):
         # Always started: prefill.enabled can be switched on at runtime.
         threading.Thread(target=self._prefill_worker, name="prefill", daemon=True).start()
         self.add_on_set_parameters_callback(self._on_set_parameters)
+        if p["engine.freeze_heap"]:
+            frozen, took_s = freeze_heap()
+            self.get_logger().info(f"heap frozen: {frozen} objects out of the garbage "
+                                   f"collector's view ({took_s:.2f} s)")
+        self.gc_pauses.reset()  # diagnostics count the pauses while serving, not startup's
         self.get_logger().info(
             f"ready: model={self.runner.model_name} family={self.profile.key} "
             f"engine={p['engine.kind']} startup_s={time.monotonic() - t0:.1f} "
@@ -255,6 +262,7 @@ class ReasonNode(Node):
             return
         self._stopping.set()
         self._prefill_wake.set()
+        self.gc_pauses.uninstall()
         self.history.close()
         self.runner.close()
         if self._action_server is not None:
@@ -786,6 +794,7 @@ class ReasonNode(Node):
             "goals_active": self.slots.running, "goals_queued": self.slots.queued,
             **{f"goals_{k}": v for k, v in counters.items()},
             **{f"periodic_{k}": v for k, v in periodic.items()},
+            **{f"gc_{k}": v for k, v in dataclasses.asdict(self.gc_pauses.stats()).items()},
             "prefill_enabled": p["prefill.enabled"],
             **{(k if k.startswith("goals") else f"prefill_{k}"): v
                for k, v in dataclasses.asdict(self.prefill.counts()).items()},

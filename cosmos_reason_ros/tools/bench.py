@@ -57,6 +57,7 @@ from typing import Any
 import numpy as np
 
 from cosmos_reason_ros.core import benchstats, query
+from cosmos_reason_ros.core.gcwatch import GcPauses
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ALL_MODES = ("engine", "node", "baseline", "concurrency", "second", "ingest", "memory",
@@ -712,6 +713,7 @@ class Bench:
         self.available: dict[str, str] = {}  # part -> "" (up) or why it is not
         self.prefill_param = False
         self.seed = 1
+        self.gc_pauses = GcPauses().install()
 
     def next_seed(self) -> int:
         """Return a new picture / sampling seed (one per request)."""
@@ -1249,6 +1251,12 @@ class Bench:
                 if rest:
                     self.budget.plan(rest)
         finally:
+            # Collector pauses stop every thread: the bench's own (client side) and the
+            # node's (from its last /diagnostics) explain goals delayed outside the engine.
+            node_diag = self.ros.diag() if self.ros is not None else {}
+            results.extra("gc", {"bench": dataclasses.asdict(self.gc_pauses.stats()),
+                                 "node": {k: v for k, v in node_diag.items()
+                                          if k.startswith("gc_")}})
             t_close = time.monotonic()
             self.close()
             results.extra("close_s", time.monotonic() - t_close)
