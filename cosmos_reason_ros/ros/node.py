@@ -29,7 +29,11 @@ from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
 from rcl_interfaces.msg import SetParametersResult
 from rclpy.action import ActionServer, CancelResponse, GoalResponse
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallbackGroup
-from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
+from rclpy.executors import (
+    ExternalShutdownException,
+    MultiThreadedExecutor,
+    SingleThreadedExecutor,
+)
 from rclpy.node import Node
 from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
 from rclpy.serialization import deserialize_message
@@ -182,18 +186,26 @@ class ReasonNode(Node):
             history=HistoryPolicy.KEEP_LAST, depth=p["image.qos_depth"],
             reliability=ReliabilityPolicy.BEST_EFFORT
             if p["image.qos_reliability"] == "best_effort" else ReliabilityPolicy.RELIABLE)
-        camera_group = MutuallyExclusiveCallbackGroup()
+        # Frames are taken on a node and executor of their own (same process and DDS
+        # participant, names resolved with this node's remaps). On the goal executor, camera
+        # traffic held back ~5% of goal requests by 0.1-3 s (docs/PERFORMANCE.md, "Action
+        # transport delays"); apart, a frame never waits behind goal work or the reverse.
+        self._ingest_node = rclpy.create_node(
+            f"{self.get_name()}_ingest", namespace=self.get_namespace(), context=self.context,
+            use_global_arguments=False, start_parameter_services=False)
+        self._ingest_executor = SingleThreadedExecutor(context=self.context)
+        self._ingest_executor.add_node(self._ingest_node)
         # raw=True: the callback receives the serialized bytes, so ingest costs a stamp read
         # instead of a full deserialization of every 6 MB frame at 30 Hz.
         self._camera_subscriptions = []
         if p["image.input"] in ("raw", "both"):
-            self._camera_subscriptions.append(self.create_subscription(
-                Image, "image", self._on_raw_image, camera_qos, callback_group=camera_group,
+            self._camera_subscriptions.append(self._ingest_node.create_subscription(
+                Image, self.resolve_topic_name("image"), self._on_raw_image, camera_qos,
                 raw=True))
         if p["image.input"] in ("compressed", "both"):
-            self._camera_subscriptions.append(self.create_subscription(
-                CompressedImage, "image/compressed", self._on_compressed_image, camera_qos,
-                callback_group=camera_group, raw=True))
+            self._camera_subscriptions.append(self._ingest_node.create_subscription(
+                CompressedImage, self.resolve_topic_name("image/compressed"),
+                self._on_compressed_image, camera_qos, raw=True))
 
     # --- lifecycle -----------------------------------------------------------------------
 
@@ -234,6 +246,7 @@ class ReasonNode(Node):
         # Always started: prefill.enabled can be switched on at runtime.
         threading.Thread(target=self._prefill_worker, name="prefill", daemon=True).start()
         self.add_on_set_parameters_callback(self._on_set_parameters)
+        threading.Thread(target=self._ingest_executor.spin, name="ingest", daemon=True).start()
         if p["engine.freeze_heap"]:
             frozen, took_s = freeze_heap()
             self.get_logger().info(f"heap frozen: {frozen} objects out of the garbage "
@@ -263,10 +276,17 @@ class ReasonNode(Node):
         self._stopping.set()
         self._prefill_wake.set()
         self.gc_pauses.uninstall()
+        self._ingest_executor.shutdown(timeout_sec=1.0)
         self.history.close()
         self.runner.close()
         if self._action_server is not None:
             self._action_server.destroy()
+
+    def destroy_node(self) -> None:
+        """Destroy the camera ingest node too."""
+        self._ingest_executor.shutdown(timeout_sec=1.0)
+        self._ingest_node.destroy_node()
+        super().destroy_node()
 
     def executor_threads(self) -> int:
         """Threads the executor needs: every running and queued goal blocks one."""
@@ -370,6 +390,7 @@ class ReasonNode(Node):
             if holding_slot:
                 self.slots.release()
             self.slots.leave()
+            self._prefill_wake.set()  # a frame skipped while busy can be prefilled now
         msg.queue_s = timings.get("queue_s", 0.0)
         msg.preprocess_s = timings.get("preprocess_s", 0.0)
         msg.time_to_first_token_s = timings.get("time_to_first_token_s", 0.0)
