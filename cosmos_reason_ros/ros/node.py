@@ -815,7 +815,8 @@ class ReasonNode(Node):
             "goals_active": self.slots.running, "goals_queued": self.slots.queued,
             **{f"goals_{k}": v for k, v in counters.items()},
             **{f"periodic_{k}": v for k, v in periodic.items()},
-            **{f"gc_{k}": v for k, v in dataclasses.asdict(self.gc_pauses.stats()).items()},
+            **{f"gc_{k}": round(v, 4) if isinstance(v, float) else v
+               for k, v in dataclasses.asdict(self.gc_pauses.stats()).items()},
             "prefill_enabled": p["prefill.enabled"],
             **{(k if k.startswith("goals") else f"prefill_{k}"): v
                for k, v in dataclasses.asdict(self.prefill.counts()).items()},

@@ -150,8 +150,8 @@ def synthetic_corpus(n_lines: int = 4000, seed: int = 0) -> list[str]:
     return lines
 
 
-def build_tokenizer(bpe_vocab: int):
-    """Train a Qwen2-style byte-level BPE and wrap it as transformers' Qwen2Tokenizer."""
+def train_byte_bpe(bpe_vocab: int) -> tuple[dict[str, int], list[tuple[str, str]]]:
+    """Train a Qwen2-style byte-level BPE on the synthetic corpus; return (vocab, merges)."""
     from tokenizers import (
         Regex,
         Tokenizer,
@@ -161,8 +161,6 @@ def build_tokenizer(bpe_vocab: int):
         pre_tokenizers,
         trainers,
     )
-    from transformers import AddedToken
-    from transformers.models.qwen2.tokenization_qwen2 import Qwen2Tokenizer
 
     tok = Tokenizer(models.BPE())
     tok.normalizer = normalizers.NFC()
@@ -182,14 +180,16 @@ def build_tokenizer(bpe_vocab: int):
     )
     tok.train_from_iterator(synthetic_corpus(), trainer=trainer)
     model_json = json.loads(tok.to_str())["model"]
-    vocab = model_json["vocab"]
-    merges = model_json["merges"]
-    merges = [tuple(m) if isinstance(m, list) else tuple(m.split(" ", 1)) for m in merges]
-    # Put the Qwen added tokens right after the BPE vocab, in Qwen's order, so that
-    # <|endoftext|> < <|im_start|> < <|im_end|> < ... < <|image_pad|> < <|video_pad|>.
-    base = len(vocab)
-    for i, t in enumerate(QWEN_SPECIALS + QWEN_ADDED):
-        vocab[t] = base + i
+    merges = [tuple(m) if isinstance(m, list) else tuple(m.split(" ", 1))
+              for m in model_json["merges"]]
+    return model_json["vocab"], merges
+
+
+def qwen2_tokenizer(vocab: dict[str, int], merges: list[tuple[str, str]],
+                    model_max_length: int = 32768):
+    """Wrap a vocab that already holds the Qwen added tokens as transformers' Qwen2Tokenizer."""
+    from transformers import AddedToken
+    from transformers.models.qwen2.tokenization_qwen2 import Qwen2Tokenizer
 
     hf_tok = Qwen2Tokenizer(
         vocab=vocab,
@@ -199,15 +199,26 @@ def build_tokenizer(bpe_vocab: int):
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
         errors="replace",
-        model_max_length=32768,
+        model_max_length=model_max_length,
         split_special_tokens=False,
     )
-    # Qwen order: specials first (ids right after the BPE vocab), then the non-special ones.
+    # Qwen order: specials first, then the non-special ones.
     hf_tok.add_tokens(
         [AddedToken(t, special=True, normalized=False) for t in QWEN_SPECIALS], special_tokens=True
     )
     hf_tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in QWEN_ADDED])
     return hf_tok
+
+
+def build_tokenizer(bpe_vocab: int):
+    """Train a Qwen2-style byte-level BPE and wrap it as transformers' Qwen2Tokenizer."""
+    vocab, merges = train_byte_bpe(bpe_vocab)
+    # Put the Qwen added tokens right after the BPE vocab, in Qwen's order, so that
+    # <|endoftext|> < <|im_start|> < <|im_end|> < ... < <|image_pad|> < <|video_pad|>.
+    base = len(vocab)
+    for i, t in enumerate(QWEN_SPECIALS + QWEN_ADDED):
+        vocab[t] = base + i
+    return qwen2_tokenizer(vocab, merges)
 
 
 @dataclass(frozen=True)

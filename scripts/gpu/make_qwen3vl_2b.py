@@ -7,8 +7,8 @@ safetensors, plus a small offline byte-level BPE tokenizer with the Qwen special
 a Qwen3-VL processor (Qwen2VL image processor, patch 16, merge 2, mean/std 0.5) and a
 Qwen3-VL-style chat template. Nothing is downloaded.
 
-Tokenizer / processor / chat-template code is reused from ../reference/make_tiny_vlm.py;
-the model dimensions are the real 2B ones (see CONFIG below).
+The tokenizer and chat template come from cosmos_reason_ros.tools.tiny_model (the tests'
+builder); the model dimensions are the real 2B ones (see main()).
 
 Usage:  python make_qwen3vl_2b.py --out /root/m2b [--device cuda]
 """
@@ -17,161 +17,20 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
+import sys
 import time
+from pathlib import Path
 
 import torch
-from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
-# Same pre-tokenisation regex as transformers' Qwen2Tokenizer.
-PRETOKENIZE_REGEX = (
-    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"""
-    r""" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo, when run as a script
+from cosmos_reason_ros.tools.tiny_model import (  # noqa: E402
+    QWEN3_VL_CHAT_TEMPLATE,
+    QWEN_ADDED,
+    QWEN_SPECIALS,
+    qwen2_tokenizer,
+    train_byte_bpe,
 )
-
-# Qwen special tokens, in Qwen's own order (ids are assigned after the BPE vocab).
-QWEN_SPECIALS = [
-    "<|endoftext|>",
-    "<|im_start|>",
-    "<|im_end|>",
-    "<|object_ref_start|>",
-    "<|object_ref_end|>",
-    "<|box_start|>",
-    "<|box_end|>",
-    "<|quad_start|>",
-    "<|quad_end|>",
-    "<|vision_start|>",
-    "<|vision_end|>",
-    "<|vision_pad|>",
-    "<|image_pad|>",
-    "<|video_pad|>",
-]
-# Non-special added tokens (Qwen marks these special=False).
-QWEN_ADDED = ["<tool_call>", "</tool_call>", "<|fim_prefix|>", "<|fim_middle|>",
-              "<|fim_suffix|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>",
-              "<tool_response>", "</tool_response>", "<think>", "</think>"]
-
-# Qwen2-VL / Qwen2.5-VL chat template (as shipped with Qwen2.5-VL-*-Instruct).
-QWEN2_5_VL_CHAT_TEMPLATE = (
-    "{% set image_count = namespace(value=0) %}{% set video_count = namespace(value=0) %}"
-    "{% for message in messages %}{% if loop.first and message['role'] != 'system' %}"
-    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}"
-    "<|im_start|>{{ message['role'] }}\n"
-    "{% if message['content'] is string %}{{ message['content'] }}<|im_end|>\n"
-    "{% else %}{% for content in message['content'] %}"
-    "{% if content['type'] == 'image' or 'image' in content or 'image_url' in content %}"
-    "{% set image_count.value = image_count.value + 1 %}"
-    "{% if add_vision_id %}Picture {{ image_count.value }}: {% endif %}"
-    "<|vision_start|><|image_pad|><|vision_end|>"
-    "{% elif content['type'] == 'video' or 'video' in content %}"
-    "{% set video_count.value = video_count.value + 1 %}"
-    "{% if add_vision_id %}Video {{ video_count.value }}: {% endif %}"
-    "<|vision_start|><|video_pad|><|vision_end|>"
-    "{% elif 'text' in content %}{{ content['text'] }}{% endif %}{% endfor %}<|im_end|>\n"
-    "{% endif %}{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-
-# Qwen3-VL style template (no default system prompt, like Qwen3-VL-*-Instruct),
-# simplified: no tool calling.
-QWEN3_VL_CHAT_TEMPLATE = (
-    "{% set image_count = namespace(value=0) %}{% set video_count = namespace(value=0) %}"
-    "{% for message in messages %}"
-    "<|im_start|>{{ message['role'] }}\n"
-    "{% if message['content'] is string %}{{ message['content'] }}"
-    "{% else %}{% for content in message['content'] %}"
-    "{% if content['type'] == 'image' or 'image' in content or 'image_url' in content %}"
-    "{% set image_count.value = image_count.value + 1 %}"
-    "{% if add_vision_id %}Picture {{ image_count.value }}: {% endif %}"
-    "<|vision_start|><|image_pad|><|vision_end|>"
-    "{% elif content['type'] == 'video' or 'video' in content %}"
-    "{% set video_count.value = video_count.value + 1 %}"
-    "{% if add_vision_id %}Video {{ video_count.value }}: {% endif %}"
-    "<|vision_start|><|video_pad|><|vision_end|>"
-    "{% elif 'text' in content %}{{ content['text'] }}{% endif %}{% endfor %}"
-    "{% endif %}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-
-
-def synthetic_corpus(n_lines: int = 4000, seed: int = 0) -> list[str]:
-    """Deterministic English-ish + JSON + robotics text to learn a small BPE."""
-    rng = random.Random(seed)
-    words = (
-        "the a an robot arm gripper camera image video frame object table cup box red green blue "
-        "yellow left right front behind above below near far move pick place grasp push pull open "
-        "close door drawer person hand safe unsafe collision obstacle path plan step next action "
-        "answer question reason because therefore yes no true false null what where which is are "
-        "can should will not there this that scene shows contains visible hidden count number of "
-        "and or with without in on at to from by for is was be been being have has had do does "
-        "you i we they it he she assistant user system helpful describe explain think final"
-    ).split()
-    json_bits = ['{"answer": "', '"}', '{"safe": true}', '{"safe": false}', '"reason": "',
-                 '"confidence": 0.', '"objects": [', ']', '{"x": ', ', "y": ', '}', ', ', '": ',
-                 '"label": "', '"count": ', "true", "false", "null"]
-    lines = []
-    for _ in range(n_lines):
-        k = rng.randint(4, 16)
-        s = " ".join(rng.choice(words) for _ in range(k))
-        if rng.random() < 0.5:
-            s = s.capitalize() + rng.choice([".", "?", "!", ",", ":", ";"])
-        if rng.random() < 0.4:
-            s += " " + "".join(rng.choice(json_bits) for _ in range(rng.randint(2, 6)))
-        if rng.random() < 0.3:
-            s += " " + str(rng.randint(0, 100000)) + " " + f"{rng.random():.3f}"
-        lines.append(s)
-    return lines
-
-
-def build_tokenizer(bpe_vocab: int):
-    """Train a Qwen2-style byte-level BPE and wrap it as transformers' Qwen2Tokenizer."""
-    from transformers import AddedToken
-    from transformers.models.qwen2.tokenization_qwen2 import Qwen2Tokenizer
-
-    tok = Tokenizer(models.BPE())
-    tok.normalizer = normalizers.NFC()
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=bpe_vocab,
-        min_frequency=2,
-        show_progress=False,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        special_tokens=[],
-    )
-    tok.train_from_iterator(synthetic_corpus(), trainer=trainer)
-    model_json = json.loads(tok.to_str())["model"]
-    vocab = model_json["vocab"]
-    merges = model_json["merges"]
-    merges = [tuple(m) if isinstance(m, list) else tuple(m.split(" ", 1)) for m in merges]
-    # Put the Qwen added tokens right after the BPE vocab, in Qwen's order, so that
-    # <|endoftext|> < <|im_start|> < <|im_end|> < ... < <|image_pad|> < <|video_pad|>.
-    base = len(vocab)
-    for i, t in enumerate(QWEN_SPECIALS + QWEN_ADDED):
-        vocab[t] = base + i
-
-    hf_tok = Qwen2Tokenizer(
-        vocab=vocab,
-        merges=merges,
-        unk_token=None,
-        bos_token=None,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        errors="replace",
-        model_max_length=32768,
-        split_special_tokens=False,
-    )
-    # Qwen order: specials first (ids right after the BPE vocab), then the non-special ones.
-    hf_tok.add_tokens([AddedToken(t, special=True, normalized=False) for t in QWEN_SPECIALS],
-                      special_tokens=True)
-    hf_tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in QWEN_ADDED])
-    return hf_tok
-
-
-
 
 REAL_VOCAB = 151936      # embedding rows of Qwen3-VL-2B (text_config.vocab_size)
 REAL_SPECIAL_BASE = 151643  # id of <|endoftext|> in the real Qwen tokenizer
@@ -180,35 +39,17 @@ REAL_SPECIAL_BASE = 151643  # id of <|endoftext|> in the real Qwen tokenizer
 def build_tokenizer_full(bpe_vocab: int):
     """Build a tokenizer whose vocabulary covers every embedding row (151936 ids).
 
-    Like build_tokenizer(), but the vocabulary covers EVERY embedding row and the
-    Qwen special tokens get their real ids (<|endoftext|>=151643 ... <|image_pad|>=151655).
-
-    Random weights sample ids uniformly over all 151936 rows; a tokenizer with only a few
-    thousand ids would make detokenization fail. The gap ids are plain vocab entries
-    ("<unusedN>") that no merge produces: they are never emitted by encoding but decode fine.
+    Like tiny_model.build_tokenizer(), but the Qwen special tokens get their real ids
+    (<|endoftext|>=151643 ... <|image_pad|>=151655). Random weights sample ids uniformly over
+    all 151936 rows; a tokenizer with only a few thousand ids would make detokenization fail.
+    The gap ids are plain vocab entries ("<unusedN>") that no merge produces: they are never
+    emitted by encoding but decode fine.
     """
-    from transformers import AddedToken
-    from transformers.models.qwen2.tokenization_qwen2 import Qwen2Tokenizer
-
-    tok = Tokenizer(models.BPE())
-    tok.normalizer = normalizers.NFC()
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=bpe_vocab, min_frequency=2, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  special_tokens=[])
-    tok.train_from_iterator(synthetic_corpus(), trainer=trainer)
-    model_json = json.loads(tok.to_str())["model"]
-    vocab = model_json["vocab"]
-    merges = [tuple(m) if isinstance(m, list) else tuple(m.split(" ", 1))
-              for m in model_json["merges"]]
+    vocab, merges = train_byte_bpe(bpe_vocab)
     n = len(vocab)
     assert sorted(vocab.values()) == list(range(n))
 
-    def fill(lo, hi):
+    def fill(lo: int, hi: int) -> None:
         for i in range(lo, hi):
             t = f"<unused{i}>"
             assert t not in vocab
@@ -220,14 +61,7 @@ def build_tokenizer_full(bpe_vocab: int):
         vocab[t] = REAL_SPECIAL_BASE + i
     fill(REAL_SPECIAL_BASE + len(added), REAL_VOCAB)
     assert sorted(vocab.values()) == list(range(REAL_VOCAB))
-
-    hf_tok = Qwen2Tokenizer(vocab=vocab, merges=merges, unk_token=None, bos_token=None,
-                            eos_token="<|im_end|>", pad_token="<|endoftext|>", errors="replace",
-                            model_max_length=262144, split_special_tokens=False)
-    hf_tok.add_tokens([AddedToken(t, special=True, normalized=False) for t in QWEN_SPECIALS],
-                      special_tokens=True)
-    hf_tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in QWEN_ADDED])
-    return hf_tok
+    return qwen2_tokenizer(vocab, merges, model_max_length=262144)
 
 
 def main() -> None:
