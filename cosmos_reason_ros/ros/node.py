@@ -283,9 +283,10 @@ class ReasonNode(Node):
             self._action_server.destroy()
 
     def destroy_node(self) -> None:
-        """Destroy the camera ingest node too."""
-        self._ingest_executor.shutdown(timeout_sec=1.0)
-        self._ingest_node.destroy_node()
+        """Destroy the camera ingest node too (absent when a bad parameter stopped __init__)."""
+        if hasattr(self, "_ingest_node"):
+            self._ingest_executor.shutdown(timeout_sec=1.0)
+            self._ingest_node.destroy_node()
         super().destroy_node()
 
     def executor_threads(self) -> int:
