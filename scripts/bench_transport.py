@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import signal
-import statistics
 import sys
 import threading
 import time
@@ -40,6 +40,7 @@ sys.path.insert(0, str(REPO / "test"))
 from node_process import NodeProcess, rgb_image_msg, scene  # noqa: E402
 
 from cosmos_reason_ros.client import ReasonClient  # noqa: E402
+from cosmos_reason_ros.core.benchstats import median, percentile  # noqa: E402
 from cosmos_reason_ros.core.gcwatch import GcPauses  # noqa: E402
 from cosmos_reason_ros.tools.tiny_model import ensure_tiny_model  # noqa: E402
 
@@ -148,10 +149,9 @@ def main() -> int:
           f"{'> 0.3 s':>9}")
     rows = []
     for (cam, name), values in sorted(delays.items()):
-        values.sort()
         row = {"camera": cam, "client": name, "goals": len(values),
-               "p50_ms": statistics.median(values) * 1e3,
-               "p95_ms": values[int(0.95 * (len(values) - 1))] * 1e3, "max_ms": values[-1] * 1e3,
+               "p50_ms": median(values) * 1e3, "p95_ms": percentile(values, 95) * 1e3,
+               "max_ms": max(values, default=math.nan) * 1e3,
                "over_0_3_s": sum(v > SLOW_S for v in values),
                "over_0_1_s": sum(v > 0.1 for v in values)}
         rows.append(row)

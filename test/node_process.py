@@ -27,11 +27,14 @@ def text_schema(chars: int) -> str:
         "additionalProperties": False})
 
 
-# Goals that run until cancelled (or max_tokens): no answer of ENDLESS_TOKENS tokens can
-# finish the string, and the tiny model writes 1500 characters in under a second, so shorter
-# "busy" goals can end before a test's cancel or check. Needs limits.max_tokens >= this.
-ENDLESS_SCHEMA = text_schema(30000)
-ENDLESS_TOKENS = 3000
+# Goals that run until cancelled (or max_tokens): the tiny model writes 1500 characters in
+# under a second, so shorter "busy" goals can end before a test's cancel or check, and on a
+# starved CI machine cancels have come 30 s late. No answer of ENDLESS_TOKENS tokens (at most
+# 10 characters each on average) can finish the string. A node serving them needs
+# ENDLESS_LIMITS (max_tokens, and a context that holds them).
+ENDLESS_TOKENS = 7000
+ENDLESS_SCHEMA = text_schema(70000)
+ENDLESS_LIMITS = {"limits.max_tokens": ENDLESS_TOKENS, "engine.max_model_len": 8192}
 
 
 class NodeProcess:

@@ -26,6 +26,7 @@ import pytest
 rclpy = pytest.importorskip("rclpy", reason="needs the ROS 2 wheels (make setup)")
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus  # noqa: E402
 from node_process import (  # noqa: E402
+    ENDLESS_LIMITS,
     ENDLESS_SCHEMA,
     ENDLESS_TOKENS,
     NodeProcess,
@@ -160,7 +161,7 @@ class VllmServer:
         self.log = Path(tempfile.mkstemp(prefix="drill_vllm_", suffix=".log")[1])
         args = [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
                 "--model", str(model), "--served-model-name", "tiny", "--host", "127.0.0.1",
-                "--port", str(port), "--enforce-eager", "--max-model-len", "4096",
+                "--port", str(port), "--enforce-eager", "--max-model-len", "8192",
                 "--max-num-seqs", "8", "--reasoning-parser", "qwen3",
                 "--structured-outputs-config",
                 '{"backend":"guidance","disable_any_whitespace":true}',
@@ -205,7 +206,7 @@ def test_remote_server_down_then_up_then_killed_mid_stream(tiny_qwen3_vl):
     node = NodeProcess("remote_server", {
         "engine.endpoints": [f"http://127.0.0.1:{port}/v1"], "engine.api_key_env": KEY_ENV,
         "engine.start_timeout_s": 2.0, "engine.connect_timeout_s": 1.0,
-        "engine.read_timeout_s": 10.0, "diagnostics.period_s": 0.5},
+        "engine.read_timeout_s": 10.0, "diagnostics.period_s": 0.5, **ENDLESS_LIMITS},
         env={KEY_ENV: SECRET})
     server: VllmServer | None = None
     io: IO | None = None
@@ -282,7 +283,7 @@ def node(tiny_qwen3_vl):
     # The engine core in its own process (vLLM's default), so a drill can kill it.
     proc = NodeProcess("cpu_demo", {
         "engine.model": str(tiny_qwen3_vl), "limits.max_concurrent_goals": MAX_RUNNING,
-        "limits.max_tokens": ENDLESS_TOKENS,
+        **ENDLESS_LIMITS,
         "limits.max_queued_goals": MAX_QUEUED, "image.qos_reliability": "reliable",
         "image.qos_depth": 10, "image.max_age_s": 1.0, "diagnostics.period_s": 0.25,
         "diagnostics.camera_warn_s": 1.0, "diagnostics.camera_error_s": 3.0},

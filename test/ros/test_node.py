@@ -16,6 +16,7 @@ import pytest
 rclpy = pytest.importorskip("rclpy", reason="needs the ROS 2 wheels (make setup)")
 from diagnostic_msgs.msg import DiagnosticArray  # noqa: E402
 from node_process import (  # noqa: E402
+    ENDLESS_LIMITS,
     ENDLESS_SCHEMA,
     ENDLESS_TOKENS,
     NodeProcess,
@@ -42,7 +43,7 @@ def node(tiny_qwen3_vl):
     proc = NodeProcess("cpu_demo", {"engine.model": str(tiny_qwen3_vl),
                                     "limits.max_concurrent_goals": 8,
                                     "limits.max_queued_goals": 4,
-                                    "limits.max_tokens": ENDLESS_TOKENS,
+                                    **ENDLESS_LIMITS,
                                     "image.wait_s": 0.5,
                                     # Reliable with a deep queue: the clip test counts frames,
                                     # and a loaded CI machine must not drop any.

@@ -11,6 +11,7 @@ import pytest
 rclpy = pytest.importorskip("rclpy", reason="needs the ROS 2 wheels (make setup)")
 from diagnostic_msgs.msg import DiagnosticArray  # noqa: E402
 from node_process import (  # noqa: E402
+    ENDLESS_LIMITS,
     ENDLESS_SCHEMA,
     ENDLESS_TOKENS,
     NodeProcess,
@@ -37,7 +38,7 @@ BLOCK = 32  # the CPU attention backend needs a multiple of 32
 def node(tiny_qwen3_vl):
     proc = NodeProcess("cpu_demo", {
         "engine.model": str(tiny_qwen3_vl), "prefill.enabled": True, "prefill.period_s": 0.05,
-        "limits.max_tokens": ENDLESS_TOKENS,
+        **ENDLESS_LIMITS,
         "diagnostics.period_s": 0.2, "image.max_age_s": 60.0,
         "image.qos_reliability": "reliable", "image.qos_depth": 10,
         "engine.extra_args": "'" + json.dumps({"block_size": BLOCK}) + "'"})

@@ -11,7 +11,13 @@ import pytest
 
 rclpy = pytest.importorskip("rclpy", reason="needs the ROS 2 wheels (make setup)")
 from diagnostic_msgs.msg import DiagnosticArray  # noqa: E402
-from node_process import ENDLESS_SCHEMA, ENDLESS_TOKENS, NodeProcess, scene  # noqa: E402
+from node_process import (  # noqa: E402
+    ENDLESS_LIMITS,
+    ENDLESS_SCHEMA,
+    ENDLESS_TOKENS,
+    NodeProcess,
+    scene,
+)  # noqa: E402
 from rclpy.executors import MultiThreadedExecutor  # noqa: E402
 from rclpy.qos import qos_profile_sensor_data  # noqa: E402
 from sensor_msgs.msg import CompressedImage  # noqa: E402
@@ -31,7 +37,7 @@ def node(tiny_qwen3_vl):
         "engine.model": str(tiny_qwen3_vl), "image.input": "both",
         "periodic.enabled": True, "periodic.period_s": PERIOD_S,
         "periodic.prompt": "Is anything blocking the way?", "periodic.max_tokens": 4,
-        "limits.max_tokens": ENDLESS_TOKENS,
+        **ENDLESS_LIMITS,
         "diagnostics.period_s": 0.5, "image.max_age_s": 30.0})
     proc.wait_ready()
     yield proc
@@ -135,7 +141,7 @@ def test_periodic_runs_publish_at_the_period_and_skip_while_busy(io):
     assert all(m.prompt == "Is anything blocking the way?" for _, m in periodic)
 
     before, _ = io.latest_diag_values()
-    # Goals that run until cancelled (a string no 3000-token answer can finish).
+    # Goals that run until cancelled (see ENDLESS_SCHEMA).
     handles = [io.client.submit(io.client.goal("Long", response_schema=ENDLESS_SCHEMA,
                                                max_tokens=ENDLESS_TOKENS)) for _ in range(4)]
     time.sleep(PERIOD_S * 2.5)  # timers fire while the goals run: they must skip
