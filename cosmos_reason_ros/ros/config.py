@@ -157,6 +157,10 @@ PARAMS: tuple[Param, ...] = (
           "its max_tokens (end-of-sequence ignored), so output lengths are comparable."),
     Param("limits.feedback_rate_hz", 10.0, "Max feedback messages per second per goal.",
           _range(0.1, 1000)),
+    Param("limits.result_keep_s", 10, "Seconds a finished goal's result stays available to "
+          "late result requests. Every finished goal kept is repeated in each action status "
+          "message, which every action client decodes (ROS 2 Humble/Jazzy keep 900 s).",
+          _range(1, 3600)),
     # --- periodic.* ----------------------------------------------------------------------
     Param("periodic.enabled", False, "Run periodic.prompt on the latest frame every period_s "
           "and publish on ~/results (skipped while busy; goals take priority)."),

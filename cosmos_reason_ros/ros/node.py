@@ -236,7 +236,8 @@ class ReasonNode(Node):
             self, Reason, "~/reason", execute_callback=self._execute,
             goal_callback=self._on_goal, cancel_callback=lambda _: CancelResponse.ACCEPT,
             callback_group=ReentrantCallbackGroup(), goal_service_qos_profile=requests_qos,
-            result_service_qos_profile=requests_qos, cancel_service_qos_profile=requests_qos)
+            result_service_qos_profile=requests_qos, cancel_service_qos_profile=requests_qos,
+            result_timeout=p["limits.result_keep_s"])
         timer_group = MutuallyExclusiveCallbackGroup()
         self.create_timer(p["diagnostics.period_s"], self._publish_diagnostics,
                           callback_group=timer_group)
