@@ -94,6 +94,11 @@ class NodeProcess:
             self.stop()
             raise RuntimeError(f"node not ready within {timeout_s} s:\n{self.output[-4000:]}")
 
+    def stop_cleanly(self, timeout_s: float = 10.0) -> None:
+        """Stop the node; fail with the end of its output unless it exited with code 0."""
+        code = self.stop(timeout_s)
+        assert code == 0, f"node exited with {code}:\n{self.output[-3000:]}"
+
     def stop(self, timeout_s: float = 10.0) -> int | None:
         """SIGTERM, wait, then SIGKILL the group; return the exit code (None if killed)."""
         if self.proc.poll() is None:

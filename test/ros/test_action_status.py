@@ -17,8 +17,7 @@ import pytest
 rclpy = pytest.importorskip("rclpy", reason="needs the ROS 2 wheels (make setup)")
 from action_msgs.msg import GoalStatusArray  # noqa: E402
 from node_process import NodeProcess  # noqa: E402
-from rclpy.context import Context  # noqa: E402
-from rclpy.executors import SingleThreadedExecutor  # noqa: E402
+from spun_node import SpunNode  # noqa: E402
 
 from cosmos_reason_ros.client import ReasonClient  # noqa: E402
 from cosmos_reason_ros.core.types import ErrorCode  # noqa: E402
@@ -37,15 +36,11 @@ def node():
                                     "limits.result_keep_s": KEEP_S})
     proc.wait_ready(120)
     yield proc
-    assert proc.stop() == 0, proc.output[-3000:]
+    proc.stop_cleanly()
 
 
 def test_finished_goals_leave_the_status_after_result_keep_s(node):
-    context = Context()
-    rclpy.init(context=context)
-    probe = rclpy.create_node("action_status_probe", context=context)
-    executor = SingleThreadedExecutor(context=context)
-    executor.add_node(probe)
+    side = SpunNode("action_status_probe")
     cond = threading.Condition()
     statuses: list[tuple[float, int]] = []  # (arrival, goals listed)
 
@@ -54,9 +49,8 @@ def test_finished_goals_leave_the_status_after_result_keep_s(node):
             statuses.append((time.monotonic(), len(msg.status_list)))
             cond.notify_all()
 
-    probe.create_subscription(GoalStatusArray, "/cosmos_reason/reason/_action/status",
-                              on_status, 10)
-    threading.Thread(target=executor.spin, daemon=True).start()
+    side.node.create_subscription(GoalStatusArray, "/cosmos_reason/reason/_action/status",
+                                  on_status, 10)
     client = ReasonClient()
     try:
         assert client.wait_for_server(30)
@@ -77,6 +71,4 @@ def test_finished_goals_leave_the_status_after_result_keep_s(node):
         assert max(late) == 1, late
     finally:
         client.close()
-        executor.shutdown()
-        probe.destroy_node()
-        rclpy.try_shutdown(context=context)
+        side.close()

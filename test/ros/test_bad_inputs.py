@@ -31,9 +31,9 @@ import pytest
 rclpy = pytest.importorskip("rclpy", reason="needs the ROS 2 wheels (make setup)")
 from node_process import NodeProcess, rgb_image_msg, scene  # noqa: E402
 from PIL import Image as PILImage  # noqa: E402
-from rclpy.executors import MultiThreadedExecutor  # noqa: E402
 from rclpy.serialization import serialize_message  # noqa: E402
 from sensor_msgs.msg import CompressedImage, Image  # noqa: E402
+from spun_node import SpunNode  # noqa: E402
 
 from cosmos_reason_interfaces.action import Reason  # noqa: E402
 from cosmos_reason_interfaces.msg import ReasoningResult  # noqa: E402
@@ -102,19 +102,14 @@ def node(tiny_qwen3_vl):
                                     "image.qos_reliability": "reliable", "image.qos_depth": 10})
     proc.wait_ready()
     yield proc
-    code = proc.stop()
-    assert code == 0, proc.output[-3000:]
+    proc.stop_cleanly()
 
 
 @pytest.fixture(scope="module")
 def io(node):
     """Test-side node: camera publisher, results subscriber, action client, probe."""
-    context = rclpy.context.Context()
-    rclpy.init(context=context)
-    test_node = rclpy.create_node("bad_inputs_io", context=context)
-    executor = MultiThreadedExecutor(context=context)
-    executor.add_node(test_node)
-    threading.Thread(target=executor.spin, daemon=True).start()
+    side = SpunNode("bad_inputs_io")
+    test_node = side.node
 
     class IO:
         pass
@@ -128,16 +123,12 @@ def io(node):
                                   lambda m: io.results.append(m), 50)
     io.client = ReasonClient()  # own participant, as a planner's would be
     assert io.client.wait_for_server(30.0)
-    deadline = time.monotonic() + 30
-    while io.camera.get_subscription_count() == 0 and time.monotonic() < deadline:
-        time.sleep(0.05)  # the node's camera subscription is matched (DDS discovery)
+    assert side.wait_matched(io.camera), "the node's camera subscription was not found"
     io.probe = Probe()
     yield io
     io.probe.close()
     io.client.close()
-    executor.shutdown()
-    test_node.destroy_node()
-    rclpy.try_shutdown(context=context)
+    side.close()
 
 
 # --- goal builders --------------------------------------------------------------------------

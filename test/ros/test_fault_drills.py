@@ -33,8 +33,8 @@ from node_process import (  # noqa: E402
     rgb_image_msg,
     scene,
 )
-from rclpy.executors import MultiThreadedExecutor  # noqa: E402
 from sensor_msgs.msg import Image  # noqa: E402
+from spun_node import SpunNode  # noqa: E402
 
 from cosmos_reason_interfaces.action import Reason  # noqa: E402
 from cosmos_reason_interfaces.msg import ReasoningResult  # noqa: E402
@@ -52,12 +52,8 @@ class IO:
     """Test-side ROS node: camera publisher, ~/results and /diagnostics recorders, client."""
 
     def __init__(self, name: str, node_name: str = "cosmos_reason") -> None:
-        self.context = rclpy.context.Context()
-        rclpy.init(context=self.context)
-        self.node = rclpy.create_node(name, context=self.context)
-        self.executor = MultiThreadedExecutor(context=self.context)
-        self.executor.add_node(self.node)
-        threading.Thread(target=self.executor.spin, daemon=True).start()
+        self.side = SpunNode(name)
+        self.node = self.side.node
         self.cond = threading.Condition()
         self.results: list[ReasoningResult] = []
         self.diagnostics: list[tuple[float, DiagnosticStatus]] = []
@@ -79,9 +75,7 @@ class IO:
             self.cond.notify_all()
 
     def wait_camera_matched(self) -> None:
-        deadline = time.monotonic() + 30
-        while self.camera.get_subscription_count() == 0 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        assert self.side.wait_matched(self.camera), "the node's camera subscription was not found"
 
     def camera_on(self, hz: float = 10.0) -> None:
         """Publish fresh frames at ``hz`` from a background thread until ``camera_off``."""
@@ -90,7 +84,7 @@ class IO:
 
         def loop() -> None:
             while not stop.is_set():
-                stamp = self.node.get_clock().now().nanoseconds
+                stamp = self.side.now_ns()
                 self.camera.publish(rgb_image_msg(scene(320, 240), stamp))
                 stop.wait(1.0 / hz)
 
@@ -117,9 +111,7 @@ class IO:
     def close(self) -> None:
         self.camera_off()
         self.client.close()
-        self.executor.shutdown()
-        self.node.destroy_node()
-        rclpy.try_shutdown(context=self.context)
+        self.side.close()
 
 
 def values(status: DiagnosticStatus) -> dict[str, str]:
@@ -290,8 +282,7 @@ def node(tiny_qwen3_vl):
         env={"VLLM_ENABLE_V1_MULTIPROCESSING": "1"})
     proc.wait_ready()
     yield proc
-    code = proc.stop()
-    assert code == 0, proc.output[-3000:]
+    proc.stop_cleanly()
 
 
 @pytest.fixture(scope="module")

@@ -16,10 +16,9 @@ import pytest
 rclpy = pytest.importorskip("rclpy", reason="needs the ROS 2 wheels (make setup)")
 from diagnostic_msgs.msg import DiagnosticArray  # noqa: E402
 from node_process import NodeProcess, rgb_image_msg, scene  # noqa: E402
-from rclpy.context import Context  # noqa: E402
-from rclpy.executors import SingleThreadedExecutor  # noqa: E402
 from rclpy.qos import QoSProfile, ReliabilityPolicy  # noqa: E402
 from sensor_msgs.msg import Image  # noqa: E402
+from spun_node import SpunNode  # noqa: E402
 
 from cosmos_reason_ros.client import ReasonClient  # noqa: E402
 from cosmos_reason_ros.core.types import ErrorCode  # noqa: E402
@@ -39,15 +38,12 @@ def renamed_node():
                        remaps=[f"__node:={NAME}", f"image:={TOPIC}"])
     proc.wait_ready(120)
     yield proc
-    assert proc.stop() == 0, proc.output[-3000:]
+    proc.stop_cleanly()
 
 
 def test_renamed_node_takes_remapped_frames_on_its_ingest_node(renamed_node):
-    context = Context()
-    rclpy.init(context=context)
-    node = rclpy.create_node("ingest_test", context=context)
-    executor = SingleThreadedExecutor(context=context)
-    executor.add_node(node)
+    side = SpunNode("ingest_test")
+    node = side.node
     diagnostics: dict[str, str] = {}
     received = threading.Event()
 
@@ -61,12 +57,9 @@ def test_renamed_node_takes_remapped_frames_on_its_ingest_node(renamed_node):
     node.create_subscription(DiagnosticArray, "/diagnostics", on_diagnostics, 10)
     camera = node.create_publisher(Image, TOPIC,
                                    QoSProfile(depth=5, reliability=ReliabilityPolicy.RELIABLE))
-    spinner = threading.Thread(target=executor.spin, daemon=True)
-    spinner.start()
     try:
+        assert side.wait_matched(camera), "the ingest node's subscription was not found"
         deadline = time.monotonic() + 30
-        while camera.get_subscription_count() == 0 and time.monotonic() < deadline:
-            time.sleep(0.05)
         expected = sorted([NAME, f"{NAME}_ingest"])
         while time.monotonic() < deadline:  # node names arrive after the endpoints
             names = sorted(n for n in node.get_node_names() if n.startswith(NAME))
@@ -74,7 +67,7 @@ def test_renamed_node_takes_remapped_frames_on_its_ingest_node(renamed_node):
                 break
             time.sleep(0.05)
         assert names == expected
-        camera.publish(rgb_image_msg(scene(64, 48), node.get_clock().now().nanoseconds))
+        camera.publish(rgb_image_msg(scene(64, 48), side.now_ns()))
         assert received.wait(20), f"frames not counted; last diagnostics: {diagnostics}"
         with ReasonClient(f"/{NAME}/reason") as client:
             assert client.wait_for_server(20)
@@ -83,6 +76,4 @@ def test_renamed_node_takes_remapped_frames_on_its_ingest_node(renamed_node):
         # unreachable) engine failed.
         assert result.error_code is ErrorCode.ENGINE_UNAVAILABLE, result
     finally:
-        executor.shutdown()
-        node.destroy_node()
-        rclpy.try_shutdown(context=context)
+        side.close()

@@ -24,8 +24,8 @@ from node_process import (  # noqa: E402
     scene,
     text_schema,
 )
-from rclpy.executors import MultiThreadedExecutor  # noqa: E402
 from sensor_msgs.msg import Image  # noqa: E402
+from spun_node import SpunNode  # noqa: E402
 
 from cosmos_reason_interfaces.action import Reason  # noqa: E402
 from cosmos_reason_interfaces.msg import ReasoningResult  # noqa: E402
@@ -52,20 +52,14 @@ def node(tiny_qwen3_vl):
                                     "diagnostics.period_s": 0.2})
     proc.wait_ready()
     yield proc
-    code = proc.stop()
-    assert code == 0, proc.output[-3000:]
+    proc.stop_cleanly()
 
 
 @pytest.fixture(scope="module")
 def io(node):
     """A test-side node: camera publisher, results subscriber, action client."""
-    context = rclpy.context.Context()
-    rclpy.init(context=context)
-    test_node = rclpy.create_node("node_test_io", context=context)
-    executor = MultiThreadedExecutor(context=context)
-    executor.add_node(test_node)
-    spin = threading.Thread(target=executor.spin, daemon=True)
-    spin.start()
+    side = SpunNode("node_test_io")
+    test_node = side.node
 
     class IO:
         pass
@@ -95,12 +89,10 @@ def io(node):
     test_node.create_subscription(DiagnosticArray, "/diagnostics", on_diagnostics, 10)
     io.client = ReasonClient()  # own participant, as a planner's would be
     assert io.client.wait_for_server(30.0)
-    deadline = time.monotonic() + 30
-    while io.camera.get_subscription_count() == 0 and time.monotonic() < deadline:
-        time.sleep(0.05)  # the node's camera subscription is matched (DDS discovery)
+    assert side.wait_matched(io.camera), "the node's camera subscription was not found"
 
     def publish(width=640, height=480, stamp_ns=None, seed=0):
-        now = test_node.get_clock().now().nanoseconds
+        now = side.now_ns()
         io.camera.publish(rgb_image_msg(scene(width, height, seed), stamp_ns or now))
 
     def publish_until_received(width=640, height=480):
@@ -113,9 +105,7 @@ def io(node):
     io.publish_until_received = publish_until_received
     yield io
     io.client.close()
-    executor.shutdown()
-    test_node.destroy_node()
-    rclpy.try_shutdown(context=context)
+    side.close()
 
 
 def test_no_image_yet_gives_no_image_within_the_wait(io):

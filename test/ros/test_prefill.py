@@ -20,9 +20,9 @@ from node_process import (  # noqa: E402
 )
 from rcl_interfaces.msg import Parameter, ParameterType, ParameterValue  # noqa: E402
 from rcl_interfaces.srv import SetParameters  # noqa: E402
-from rclpy.executors import MultiThreadedExecutor  # noqa: E402
 from rclpy.qos import QoSProfile, ReliabilityPolicy  # noqa: E402
 from sensor_msgs.msg import Image  # noqa: E402
+from spun_node import SpunNode  # noqa: E402
 
 from cosmos_reason_ros.client import ReasonClient  # noqa: E402
 from cosmos_reason_ros.core import query  # noqa: E402
@@ -44,17 +44,13 @@ def node(tiny_qwen3_vl):
         "engine.extra_args": "'" + json.dumps({"block_size": BLOCK}) + "'"})
     proc.wait_ready()
     yield proc
-    assert proc.stop() == 0, proc.output[-3000:]
+    proc.stop_cleanly()
 
 
 @pytest.fixture(scope="module")
 def io(node, tiny_qwen3_vl):
-    context = rclpy.context.Context()
-    rclpy.init(context=context)
-    test_node = rclpy.create_node("prefill_test_io", context=context)
-    executor = MultiThreadedExecutor(context=context)
-    executor.add_node(test_node)
-    threading.Thread(target=executor.spin, daemon=True).start()
+    side = SpunNode("prefill_test_io")
+    test_node = side.node
 
     class IO:
         lock = threading.Condition()
@@ -73,15 +69,13 @@ def io(node, tiny_qwen3_vl):
     io.set_params = test_node.create_client(SetParameters, "/cosmos_reason/set_parameters")
     io.client = ReasonClient()  # own participant, as a planner's would be
     assert io.client.wait_for_server(30) and io.set_params.wait_for_service(30)
-    deadline = time.monotonic() + 30
-    while io.camera.get_subscription_count() == 0 and time.monotonic() < deadline:
-        time.sleep(0.05)
+    assert side.wait_matched(io.camera), "the node's camera subscription was not found"
     io.seed = 100
 
     def publish_new_frame():
         io.seed += 1
         io.camera.publish(rgb_image_msg(scene(WIDTH, HEIGHT, seed=io.seed),
-                                        test_node.get_clock().now().nanoseconds))
+                                        side.now_ns()))
 
     def wait_diag(predicate, timeout_s=20.0):
         with io.lock:
@@ -106,9 +100,7 @@ def io(node, tiny_qwen3_vl):
     io.image_tokens = profile.visual_tokens(*query.input_size(profile, WIDTH, HEIGHT))
     yield io
     io.client.close()
-    executor.shutdown()
-    test_node.destroy_node()
-    rclpy.try_shutdown(context=context)
+    side.close()
 
 
 def counter(values, key):

@@ -18,9 +18,9 @@ from node_process import (  # noqa: E402
     NodeProcess,
     scene,
 )  # noqa: E402
-from rclpy.executors import MultiThreadedExecutor  # noqa: E402
 from rclpy.qos import qos_profile_sensor_data  # noqa: E402
 from sensor_msgs.msg import CompressedImage  # noqa: E402
+from spun_node import SpunNode  # noqa: E402
 
 from cosmos_reason_interfaces.msg import ReasoningResult  # noqa: E402
 from cosmos_reason_ros.client import ReasonClient  # noqa: E402
@@ -41,17 +41,13 @@ def node(tiny_qwen3_vl):
         "diagnostics.period_s": 0.5, "image.max_age_s": 30.0})
     proc.wait_ready()
     yield proc
-    assert proc.stop() == 0, proc.output[-3000:]
+    proc.stop_cleanly()
 
 
 @pytest.fixture(scope="module")
 def io(node):
-    context = rclpy.context.Context()
-    rclpy.init(context=context)
-    test_node = rclpy.create_node("stream_test_io", context=context)
-    executor = MultiThreadedExecutor(context=context)
-    executor.add_node(test_node)
-    threading.Thread(target=executor.spin, daemon=True).start()
+    side = SpunNode("stream_test_io")
+    test_node = side.node
 
     class IO:
         lock = threading.Condition()
@@ -77,9 +73,7 @@ def io(node):
     test_node.create_subscription(DiagnosticArray, "/diagnostics", on_diag, 10)
     io.client = ReasonClient()  # own participant, as a planner's would be
     assert io.client.wait_for_server(30)
-    deadline = time.monotonic() + 30
-    while io.compressed.get_subscription_count() == 0 and time.monotonic() < deadline:
-        time.sleep(0.05)  # the node's camera subscription is matched (DDS discovery)
+    assert side.wait_matched(io.compressed), "the node's camera subscription was not found"
 
     def publish_jpeg(data: bytes, frame_id="jpeg_cam", n=10):
         for _ in range(n):
@@ -104,9 +98,7 @@ def io(node):
     io.wait_diag_update = wait_diag_update
     yield io
     io.client.close()
-    executor.shutdown()
-    test_node.destroy_node()
-    rclpy.try_shutdown(context=context)
+    side.close()
 
 
 def test_compressed_jpeg_input_is_answered_with_its_header(io):
