@@ -17,7 +17,7 @@ from node_process import (  # noqa: E402
     ENDLESS_TOKENS,
     NodeProcess,
     scene,
-)  # noqa: E402
+)
 from rclpy.qos import qos_profile_sensor_data  # noqa: E402
 from sensor_msgs.msg import CompressedImage  # noqa: E402
 from spun_node import SpunNode  # noqa: E402
