@@ -153,7 +153,7 @@ class VllmServer:
         self.log = Path(tempfile.mkstemp(prefix="drill_vllm_", suffix=".log")[1])
         args = [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
                 "--model", str(model), "--served-model-name", "tiny", "--host", "127.0.0.1",
-                "--port", str(port), "--enforce-eager", "--max-model-len", "8192",
+                "--port", str(port), "--enforce-eager", "--max-model-len", "4096",
                 "--max-num-seqs", "8", "--reasoning-parser", "qwen3",
                 "--structured-outputs-config",
                 '{"backend":"guidance","disable_any_whitespace":true}',
