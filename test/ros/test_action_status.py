@@ -17,6 +17,7 @@ import pytest
 rclpy = pytest.importorskip("rclpy", reason="needs the ROS 2 wheels (make setup)")
 from action_msgs.msg import GoalStatusArray  # noqa: E402
 from node_process import NodeProcess  # noqa: E402
+from rclpy.qos import qos_profile_action_status_default  # noqa: E402
 from spun_node import SpunNode  # noqa: E402
 
 from cosmos_reason_ros.client import ReasonClient  # noqa: E402
@@ -25,6 +26,7 @@ from cosmos_reason_ros.core.types import ErrorCode  # noqa: E402
 pytestmark = [pytest.mark.ros]
 
 KEEP_S = 2
+STATUS_TOPIC = "/cosmos_reason/reason/_action/status"
 GOALS = 20
 
 
@@ -49,11 +51,15 @@ def test_finished_goals_leave_the_status_after_result_keep_s(node):
             statuses.append((time.monotonic(), len(msg.status_list)))
             cond.notify_all()
 
-    side.node.create_subscription(GoalStatusArray, "/cosmos_reason/reason/_action/status",
-                                  on_status, 10)
+    # The server's status QoS (transient local): a late-matched probe still gets the latest.
+    side.node.create_subscription(GoalStatusArray, STATUS_TOPIC, on_status,
+                                  qos_profile_action_status_default)
     client = ReasonClient()
     try:
         assert client.wait_for_server(30)
+        deadline = time.monotonic() + 30
+        while side.node.count_publishers(STATUS_TOPIC) == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)  # the probe discovers the status publisher
         for _ in range(GOALS):
             result = client.ask("Anything there?", max_tokens=4)
             assert result.error_code is ErrorCode.ENGINE_UNAVAILABLE, result.error_message
