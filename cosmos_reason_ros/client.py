@@ -13,12 +13,19 @@ Blocking calls take ``timeout_s``; ``*_async`` variants return ``concurrent.futu
 thread that spins it; goals are sent from that thread too, because rclpy's ActionClient is not
 safe against a goal response being processed while another thread is still sending (Kilted's
 ``send_goal_async`` can then lose the response and the goal's future never completes).
+
+A goal is sent only once the action server has been discovered: rclpy sends a goal request
+whether or not the server is matched, and DDS drops a request sent before discovery, so the
+goal would be lost and the caller would wait its whole timeout. A goal therefore waits (within
+the call's timeout) for the server; if it is not found in time the call fails with
+``ServerUnavailableError`` ("action server <name> not available after N s").
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -33,11 +40,37 @@ from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
 
 from cosmos_reason_interfaces.action import Reason
 from cosmos_reason_interfaces.msg import ReasoningResult
-from cosmos_reason_ros.core.types import Box, ErrorCode, Point, Trajectory
+from cosmos_reason_ros.core.types import (
+    Box,
+    EngineUnavailableError,
+    ErrorCode,
+    Point,
+    Trajectory,
+)
 
 DEFAULT_ACTION = "/cosmos_reason/reason"
+DEFAULT_SERVER_TIMEOUT_S = 30.0  # submit()/run_async(): how long a goal waits for the server
+_WAITING_POLL_S = 0.01  # spin period while a goal waits for discovery (rclpy's own poll: 0.25)
+_WARN_WAITING_AFTER_S = 5.0
 _STATUS = {GoalStatus.STATUS_SUCCEEDED: "succeeded", GoalStatus.STATUS_ABORTED: "aborted",
            GoalStatus.STATUS_CANCELED: "canceled"}
+
+
+class ServerUnavailableError(EngineUnavailableError, concurrent.futures.TimeoutError):
+    """The action server was not discovered within the call's timeout; the goal was not sent.
+
+    An ``EngineUnavailableError`` (code ``ENGINE_UNAVAILABLE``) and a
+    ``concurrent.futures.TimeoutError`` (the builtin ``TimeoutError`` from Python 3.11), so
+    code that catches the client's timeouts catches this one too.
+    """
+
+    def __init__(self, action_name: str, timeout_s: float) -> None:
+        """Name the action and the time waited."""
+        super().__init__(f"action server {action_name} not available after {timeout_s:g} s "
+                         "(is the node running, with the same ROS_DOMAIN_ID, and is the "
+                         "action name right?); the goal was not sent")
+        self.action_name = action_name
+        self.timeout_s = timeout_s
 
 
 @dataclass(frozen=True)
@@ -89,7 +122,33 @@ class GoalHandle:
         self.future = future
         self._ros_handle: Any = None
         self._cancel_requested = False
+        self._sent = False
         self._lock = threading.Lock()
+
+    @property
+    def sent(self) -> bool:
+        """True once the goal request went out (the action server had been discovered)."""
+        with self._lock:
+            return self._sent
+
+    def _claim_send(self) -> bool:
+        # The spin thread asks before sending: a goal cancelled or failed while it waited for
+        # the server must never go out (one lock orders this against cancel() and _fail_unsent).
+        with self._lock:
+            if self._cancel_requested or self.future.done():
+                return False
+            self._sent = True
+            return True
+
+    def _fail_unsent(self, error: BaseException) -> bool:
+        """Fail the future with ``error`` unless the goal was sent; True when it was failed."""
+        with self._lock:
+            if self._sent:
+                return False
+            self._cancel_requested = True
+            if not self.future.done():
+                self.future.set_exception(error)
+            return True
 
     def _attach(self, ros_handle: Any) -> None:
         with self._lock:
@@ -103,12 +162,29 @@ class GoalHandle:
         with self._lock:
             self._cancel_requested = True
             handle = self._ros_handle
+            if not self._sent and not self.future.done():
+                # Still waiting for the server: the goal will never be sent.
+                msg = ReasoningResult(error_code=ErrorCode.CANCELLED.value,
+                                      error_message="cancelled before the action server was "
+                                      "available; the goal was never sent")
+                self.future.set_result(ReasonResult.from_message("canceled", msg))
         if handle is not None:
             handle.cancel_goal_async()
 
     def result(self, timeout_s: float | None = None) -> ReasonResult:
         """Block until the goal ends; ``TimeoutError`` after ``timeout_s`` (goal continues)."""
         return self.future.result(timeout=timeout_s)
+
+
+@dataclass(frozen=True)
+class _WaitingGoal:
+    """A submitted goal not sent yet: it waits for the action server to be discovered."""
+
+    handle: GoalHandle
+    send: Callable[[], None]
+    submitted: float  # time.monotonic()
+    deadline: float | None  # None: wait as long as it takes
+    timeout_s: float | None
 
 
 class ReasonClient:
@@ -123,6 +199,7 @@ class ReasonClient:
         delayed about 1 % of goals by 0.3-3 s: a request lost behind the frames is repaired
         only at the next Fast DDS heartbeat (every 3 s). See docs/PERFORMANCE.md.
         """
+        self.action_name = action_name
         self._own_context: Context | None = None
         if context is None:
             context = self._own_context = Context()
@@ -137,21 +214,64 @@ class ReasonClient:
                                     cancel_service_qos_profile=requests_qos)
         self._executor = SingleThreadedExecutor(context=self.node.context)
         self._executor.add_node(self.node)
+        # Goals waiting for the server; filled by submit(), sent or expired by the spin thread.
+        self._waiting: list[_WaitingGoal] = []
+        self._waiting_lock = threading.Lock()
+        self._warned_waiting = False
         self._running = True
         self._thread = threading.Thread(target=self._spin, daemon=True)
         self._thread.start()
 
     def _spin(self) -> None:
         while self._running and self.node.context.ok():
+            with self._waiting_lock:
+                waiting = bool(self._waiting)
             try:
-                self._executor.spin_once(timeout_sec=0.1)
+                # Discovery wakes no executor: poll briefly while a goal waits for the server.
+                self._executor.spin_once(timeout_sec=_WAITING_POLL_S if waiting else 0.1)
             except Exception:  # noqa: BLE001 - context shut down under us: stop spinning
                 break
+            if waiting:
+                self._send_waiting()
+
+    def _send_waiting(self) -> None:
+        """On the spin thread: send the waiting goals once the server is discovered."""
+        with self._waiting_lock:
+            waiting, self._waiting = self._waiting, []
+        if not waiting:
+            return
+        ready = self._client.server_is_ready()
+        now = time.monotonic()
+        keep = []
+        for entry in waiting:
+            if entry.handle.future.done():  # cancelled while waiting
+                continue
+            if ready:
+                if entry.handle._claim_send():
+                    entry.send()
+            elif entry.deadline is not None and now >= entry.deadline:
+                entry.handle._fail_unsent(
+                    ServerUnavailableError(self.action_name, entry.timeout_s or 0.0))
+            else:
+                keep.append(entry)
+        if keep and not self._warned_waiting \
+                and any(now - e.submitted > _WARN_WAITING_AFTER_S for e in keep):
+            self._warned_waiting = True  # a goal may wait long: say once why nothing happens
+            self.node.get_logger().warning(
+                f"waiting for action server {self.action_name}: not discovered yet; goals are "
+                "sent once it is")
+        with self._waiting_lock:
+            self._waiting = keep + self._waiting
 
     def close(self) -> None:
-        """Stop the spin thread and destroy the private node."""
+        """Stop the spin thread and destroy the private node (waiting goals fail)."""
         self._running = False
         self._thread.join(timeout=2.0)
+        with self._waiting_lock:
+            waiting, self._waiting = self._waiting, []
+        for entry in waiting:
+            entry.handle._fail_unsent(RuntimeError(
+                f"ReasonClient closed while the goal waited for {self.action_name}"))
         self._client.destroy()
         self._executor.shutdown(timeout_sec=1.0)
         self.node.destroy_node()
@@ -180,8 +300,14 @@ class ReasonClient:
         return goal
 
     def submit(self, goal: Reason.Goal,
-               on_feedback: Callable[[Reason.Feedback], None] | None = None) -> GoalHandle:
-        """Send a goal without waiting; the handle gives the result or cancels."""
+               on_feedback: Callable[[Reason.Feedback], None] | None = None,
+               server_timeout_s: float | None = DEFAULT_SERVER_TIMEOUT_S) -> GoalHandle:
+        """Send a goal without waiting; the handle gives the result or cancels.
+
+        The goal goes out once the action server is discovered; if it is not within
+        ``server_timeout_s`` (None: no limit), the handle's future fails with
+        ``ServerUnavailableError``.
+        """
         future: concurrent.futures.Future[ReasonResult] = concurrent.futures.Future()
         handle = GoalHandle(future)
 
@@ -213,24 +339,44 @@ class ReasonClient:
             self._client.send_goal_async(goal, feedback_callback=feedback).add_done_callback(
                 on_goal)
 
-        self._executor.create_task(send)
+        now = time.monotonic()
+        deadline = None if server_timeout_s is None else now + server_timeout_s
+        with self._waiting_lock:
+            self._waiting.append(_WaitingGoal(handle, send, now, deadline, server_timeout_s))
+        self._executor.create_task(self._send_waiting)  # wakes the spin thread to send it
         return handle
 
     def run(self, goal: Reason.Goal, timeout_s: float | None = 120.0,
             on_feedback: Callable[[Reason.Feedback], None] | None = None) -> ReasonResult:
-        """Send a goal and wait for its result; cancel it if ``timeout_s`` passes."""
-        handle = self.submit(goal, on_feedback)
+        """Send a goal and wait for its result; cancel it if ``timeout_s`` passes.
+
+        ``timeout_s`` covers the wait for the action server too: ``ServerUnavailableError``
+        when the server was not discovered in time (the goal was not sent), a plain
+        ``TimeoutError`` when the goal was sent but did not end in time.
+        """
+        handle = self.submit(goal, on_feedback, server_timeout_s=timeout_s)
         try:
             return handle.result(timeout_s)
+        except ServerUnavailableError:
+            raise
         except concurrent.futures.TimeoutError:
+            # Both deadlines fall together: if the goal is still unsent, say why.
+            error = ServerUnavailableError(self.action_name, timeout_s or 0.0)
+            if handle._fail_unsent(error):
+                raise error from None
             handle.cancel()
             raise
 
     def run_async(self, goal: Reason.Goal,
-                  on_feedback: Callable[[Reason.Feedback], None] | None = None
+                  on_feedback: Callable[[Reason.Feedback], None] | None = None,
+                  server_timeout_s: float | None = DEFAULT_SERVER_TIMEOUT_S
                   ) -> concurrent.futures.Future[ReasonResult]:
-        """Send a goal; the future resolves to its ``ReasonResult``."""
-        return self.submit(goal, on_feedback).future
+        """Send a goal; the future resolves to its ``ReasonResult``.
+
+        It fails with ``ServerUnavailableError`` if the server is not discovered within
+        ``server_timeout_s``.
+        """
+        return self.submit(goal, on_feedback, server_timeout_s).future
 
     # --- task helpers ---------------------------------------------------------------------
 
@@ -258,3 +404,11 @@ class ReasonClient:
                **fields: Any) -> ReasonResult:
         """Check ``statement`` yes/no (the answer JSON has the verdict and a reason)."""
         return self.run(self.goal(statement, "verify", **fields), timeout_s)
+
+    def count(self, targets: Sequence[str], timeout_s: float | None = 120.0,
+              **fields: Any) -> ReasonResult:
+        """Ask how many of ``targets`` are visible, all together.
+
+        The answer JSON is ``{"count": N}`` when a count was read (``parsed`` lists "count").
+        """
+        return self.run(self.goal("", "count", targets, **fields), timeout_s)

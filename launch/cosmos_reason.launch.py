@@ -23,7 +23,9 @@ from launch_ros.actions import Node
 
 PACKAGE = "cosmos_reason_ros"
 EXECUTABLE = "cosmos_reason_node"
-NODE_NAME = "cosmos_reason"  # the top-level key of every config/*.yaml
+# The presets are keyed "/**" (any node name and namespace), so `namespace` and a renamed
+# node keep them; the node fails at start if a file given here applies to it nowhere.
+NODE_NAME = "cosmos_reason"
 
 # (name, default, description): a literal, so tests can read it without launch installed.
 ARGUMENTS = (
@@ -38,7 +40,7 @@ ARGUMENTS = (
     ("image_topic", "/camera/image_raw", "sensor_msgs/Image topic (the node's 'image')."),
     ("compressed_topic", "", "sensor_msgs/CompressedImage topic (the node's "
      "'image/compressed'); empty = <image_topic>/compressed, image_transport's name."),
-    ("namespace", "", "Namespace of the node."),
+    ("namespace", "", "Namespace of the node (the preset applies in any namespace)."),
     ("use_sim_time", "false", "Use /clock (rosbag replay with --clock)."),
     ("log_level", "info", "Logging level: debug, info, warn, error, fatal."),
 )

@@ -40,8 +40,8 @@ sys.path.insert(0, str(REPO / "test"))
 from node_process import NodeProcess, rgb_image_msg, scene  # noqa: E402
 
 from cosmos_reason_ros.client import ReasonClient  # noqa: E402
-from cosmos_reason_ros.core.benchstats import median, percentile  # noqa: E402
-from cosmos_reason_ros.core.gcwatch import GcPauses  # noqa: E402
+from cosmos_reason_ros.core.stats import median, percentile  # noqa: E402
+from cosmos_reason_ros.ros.gcwatch import GcPauses  # noqa: E402
 from cosmos_reason_ros.tools.tiny_model import ensure_tiny_model  # noqa: E402
 
 SLOW_S = 0.3

@@ -18,11 +18,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from cosmos_reason_ros.core.models import detect_profile
 from cosmos_reason_ros.ros.config import (
     PARAMS,
     PARAMS_BY_NAME,
+    PRESET_KEY,
+    RUNTIME_PARAMS,
     ConfigError,
     load_yaml_params,
     validate,
@@ -42,10 +45,10 @@ TEXT_MARGIN_TOKENS = 150
 
 
 def validated(path: Path) -> dict[str, Any]:
-    """A preset's values as the node would hold them (empty vllm model -> a dummy path)."""
+    """A preset's values as the node would hold them (empty vllm model -> a hub id)."""
     values = load_yaml_params(str(path))
     if values.get("engine.kind", "vllm") == "vllm" and not values.get("engine.model"):
-        values["engine.model"] = "/models/dummy-checkpoint"
+        values["engine.model"] = "nvidia/Cosmos-Reason2-2B"
     return validate(values)
 
 
@@ -61,6 +64,17 @@ def test_preset_loads_and_validates(path: Path) -> None:
     unknown = sorted(set(values) - set(PARAMS_BY_NAME))
     assert not unknown, f"{path.name}: unknown parameter names {unknown}"
     validated(path)
+
+
+@pytest.mark.parametrize("path", PRESETS, ids=lambda p: p.stem)
+def test_preset_applies_under_any_namespace_and_node_name(path: Path) -> None:
+    # '/**' is the one key every rclpy applies to any node (Humble's: '/**' or the exact
+    # name). A 'cosmos_reason:' key was dropped for a node in a namespace (issue 17).
+    doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+    assert list(doc) == [PRESET_KEY]
+    plain = load_yaml_params(str(path))
+    for fqn in ("/robot1/cosmos_reason", "/fleet/robot2/reasoner"):
+        assert load_yaml_params(str(path), fqn) == plain
 
 
 def test_misspelled_parameter_is_rejected_by_name(tmp_path: Path) -> None:
@@ -198,7 +212,7 @@ def test_launch_executables_are_console_scripts() -> None:
     assert executable in scripts
     assert scripts[executable] == "cosmos_reason_ros.ros.node:main"
     assert _module_constant(tree, "PACKAGE") == "cosmos_reason_ros"
-    # The node name must match the presets' top-level key.
+    # The node's own name (NODE_NAME in node.py); the presets apply under any name.
     assert _module_constant(tree, "NODE_NAME") == "cosmos_reason"
     for node in ast.walk(tree):
         if isinstance(node, ast.keyword) and node.arg == "executable":
@@ -300,8 +314,10 @@ def test_launch_overrides_and_remaps(launch_module: types.ModuleType) -> None:
     assert Path(preset).name == "remote_server.yaml"
     assert overrides == {"use_sim_time": True, "engine.model": "cr2", "engine.kind": "openai",
                          "engine.endpoints": ["http://gpu:8000/v1"]}
-    # The overrides are valid parameters on top of the preset.
-    values = load_yaml_params(preset)
+    # The preset applies to the node in its namespace, and the overrides are valid
+    # parameters on top of it.
+    values = load_yaml_params(preset, f"/{kw['namespace']}/{kw['name']}")
+    assert values == load_yaml_params(preset)
     values.update({k: v for k, v in overrides.items() if k != "use_sim_time"})
     validate(values)
     assert dict(kw["remappings"]) == {"image": "/front/image", "image/compressed": "/front/jpeg"}
@@ -367,6 +383,31 @@ def test_parameters_doc_lists_every_parameter_with_its_default() -> None:
     assert set(rows) == {p.name for p in PARAMS}
     for p in PARAMS:
         assert rows[p.name] == (gen.type_name(p.default), gen.format_default(p.default)), p.name
+
+
+def test_parameters_doc_names_every_runtime_parameter() -> None:
+    doc = (REPO / "docs" / "PARAMETERS.md").read_text(encoding="utf-8")
+    (line,) = [x for x in doc.splitlines() if x.startswith("Settable while the node runs")]
+    assert RUNTIME_PARAMS and set(re.findall(r"`([a-z_.]+)`", line)) == set(RUNTIME_PARAMS)
+    assert "prefill.ready_frame_within_s" in RUNTIME_PARAMS
+
+
+@pytest.mark.parametrize("module", ["tiny_model", "query"])
+def test_tool_help_names_only_commands_that_exist(
+        module: str, capsys: pytest.CaptureFixture[str]) -> None:
+    tool = importlib.import_module(f"cosmos_reason_ros.tools.{module}")
+    with pytest.raises(SystemExit):
+        tool.main(["--help"])
+    text = capsys.readouterr().out
+    scripts = _console_scripts()
+    assert scripts[module] == f"cosmos_reason_ros.tools.{module}:main"
+    assert text.startswith(f"usage: {module} ")
+    run = re.findall(r"ros2 run cosmos_reason_ros (\S+)", text)
+    assert run and set(run) <= set(scripts), run
+    for name in re.findall(r"python -m (\S+)", text):
+        assert importlib.util.find_spec(name) is not None, name
+    # No other command names: a word like cosmos-reason-tiny-model is not installed.
+    assert not re.search(r"cosmos[-_]reason[-_][a-z_-]+ --", text)
 
 
 def test_interfaces_doc_lists_every_error_code() -> None:

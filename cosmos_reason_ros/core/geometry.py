@@ -1,6 +1,6 @@
 """Map model coordinates to pixels of the original image, and back.
 
-Two conventions exist (MISSION.md, "Box/point coordinates"):
+Two conventions exist, one per model family (results carry pixels; ``docs/INTERFACES.md``):
 
 - ``NORMALIZED_1000`` (Qwen3-VL / Cosmos-Reason2): 0–1000 per axis, independent of the aspect
   ratio, origin top-left: ``x_orig = x / 1000 * original_width``.

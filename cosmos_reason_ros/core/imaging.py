@@ -490,3 +490,39 @@ def rgb_to_image_fields(rgb: np.ndarray, encoding: str = "rgb8") -> ImageFields:
     height, width = out.shape[:2]
     step = width * _LAYOUTS[encoding].bytes_per_pixel
     return ImageFields(width, height, encoding, step, out.tobytes())
+
+
+@dataclass(frozen=True)
+class ImageMessage:
+    """A camera image's fields, raw (``sensor_msgs/Image``) or compressed (``CompressedImage``).
+
+    Read from the wire (``ros/cdr.read_frame``), a recording or a goal; the pixels of a raw
+    image may be a view into the serialized message.
+    """
+
+    stamp_ns: int
+    frame_id: str
+    width: int = 0
+    height: int = 0
+    encoding: str = ""
+    is_bigendian: bool = False
+    step: int = 0
+    data: bytes | memoryview = b""
+    compressed_format: str | None = None  # set for a CompressedImage
+
+    @property
+    def compressed(self) -> bool:
+        """True for a ``CompressedImage`` (JPEG/PNG bytes)."""
+        return self.compressed_format is not None
+
+
+def message_to_rgb(image: ImageMessage, max_pixels: int = DEFAULT_MAX_PIXELS,
+                   size: tuple[int, int] | None = None) -> np.ndarray:
+    """HxWx3 uint8 RGB of an ``ImageMessage``; raw images are resized on the way to ``size``.
+
+    ``size`` applies to raw images only (a compressed image is decoded at its own size).
+    """
+    if image.compressed_format is not None:
+        return compressed_to_rgb(image.compressed_format, bytes(image.data), max_pixels)
+    return image_to_rgb(image.width, image.height, image.encoding, image.is_bigendian,
+                        image.step, image.data, max_pixels=max_pixels, size=size)

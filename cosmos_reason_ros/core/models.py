@@ -53,7 +53,7 @@ class AnswerStyle(str, enum.Enum):
     ANSWER_TAGS = "answer_tags"  # "<think>...</think>" then "<answer>...</answer>" (Reason1)
 
 
-# Exact texts from the model cards (MISSION.md, "Model facts").
+# Exact texts from the model cards (nvidia/Cosmos-Reason2-2B/-8B, nvidia/Cosmos-Reason1-7B).
 DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant."
 REASON2_REASONING_PROMPT = (
     "Answer the question using the following format:\n\n<think>\nYour reasoning.\n</think>\n\n"
@@ -271,7 +271,7 @@ def smart_resize(width: int, height: int, unit: int, min_pixels: int, max_pixels
 
 # --- profiles --------------------------------------------------------------------------------
 
-# Reason2 presets from the model card / cookbook (MISSION.md, "Sampling").
+# Reason2 sampling presets as the model card and the Cosmos cookbook give them.
 _REASON2_PLAIN = Sampling(
     max_tokens=4096, temperature=0.7, top_p=0.8, top_k=20, presence_penalty=1.5
 )
@@ -518,6 +518,29 @@ def profile_for_key(key: str) -> ModelProfile:
     return PROFILES[normalized]
 
 
+def looks_like_local_path(name: str) -> bool:
+    """Tell whether ``name`` is written as a local path, not a hub id (``org/model``).
+
+    Absolute (``/models/x``), relative to here or home (``./x``, ``../x``, ``~/x``), or with
+    more folders than a hub id has.
+    """
+    return (name.startswith(("/", "./", "../", "~")) or name in (".", "..")
+            or name.count("/") >= 2)
+
+
+def missing_path_hint(path: str) -> str:
+    """Say where ``path`` stops existing: its nearest existing folder and what that holds."""
+    parent = os.path.dirname(os.path.abspath(path))
+    while not os.path.isdir(parent):
+        parent = os.path.dirname(parent)
+    try:
+        entries = sorted(e for e in os.listdir(parent) if not e.startswith("."))
+    except OSError:
+        return f"the nearest existing folder is {parent}"
+    shown = ", ".join(entries[:8]) + (", ..." if len(entries) > 8 else "")
+    return f"the nearest existing folder is {parent}, holding: {shown or 'nothing'}"
+
+
 def detect_profile(model_dir_or_name: str, override: str | None = None) -> ModelProfile:
     """Choose the profile for a checkpoint directory or a hub name like ``nvidia/...``.
 
@@ -556,6 +579,16 @@ def _detect_family(name: str, model_dir: str | None) -> ModelProfile:
     config_path = os.path.join(model_dir, "config.json") if model_dir is not None else None
     if config_path is None or not os.path.exists(config_path):
         hint = _name_hint(name)
+        if hint is None and model_dir is None and looks_like_local_path(name):
+            # A mistyped checkpoint path: say so, not "set the family" (issue 17).
+            path = os.path.abspath(os.path.expanduser(name))
+            raise BadRequestError(
+                f"model {name!r}: no such directory {path} (looked for "
+                f"{os.path.join(path, 'config.json')} to detect the model family; "
+                f"{missing_path_hint(path)}); give an existing checkpoint directory, a hub "
+                f"model id such as nvidia/Cosmos-Reason2-2B, or the family: one of "
+                f"{', '.join(PROFILES)}"
+            )
         if hint is None:
             where = f"no config.json in {model_dir}" if model_dir else "not a local directory"
             raise BadRequestError(

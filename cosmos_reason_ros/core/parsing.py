@@ -1,6 +1,6 @@
 """Turn raw model output into a :class:`ParsedAnswer`: reasoning, answer, JSON and geometry.
 
-Cosmos-Reason outputs are messy in known ways (see MISSION.md, "Parsing hazards"):
+Cosmos-Reason outputs are messy in known ways (each has a case in ``test/core/test_parsing.py``):
 
 - Reason2 / Qwen3-VL write ``<think>…</think>`` then the answer; Reason1 / Qwen2.5-VL wrap the
   answer in ``<answer>…</answer>``; Qwen3 chat templates often put ``<think>`` in the prompt, so
@@ -24,6 +24,7 @@ import re
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
+from cosmos_reason_ros.core.tasks import AnswerKind, find_spec
 from cosmos_reason_ros.core.types import (
     Box,
     FinishReason,
@@ -65,6 +66,9 @@ CORNER_KEYS = (
 )
 SPAN_KEYS = (("start", "end"), ("start_time", "end_time"), ("begin", "end"))
 VERDICT_KEYS = ("answer", "verdict", "result", "success", "done", "ok")
+COUNT_KEYS = ("count", "number", "total", "num", "quantity")
+MAX_COUNT_VALUE = 2**31 - 1
+"""Counts above this (int32, like ROS integer fields) are refused as unreadable."""
 
 _THINK_OPEN = re.compile(r"<\s*think\s*>", re.IGNORECASE)
 _THINK_CLOSE = re.compile(r"<\s*/\s*think\s*>", re.IGNORECASE)
@@ -85,6 +89,14 @@ _QWEN_BOX = re.compile(
 _TIMESTAMP = re.compile(r"\s*(?:(\d+):)?(\d+):(\d+(?:\.\d*)?)\s*\Z")
 _SECONDS = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*(?:s|sec|secs|seconds)?\s*\Z", re.IGNORECASE)
 _YES_NO = re.compile(r"[\s*_`#>\"'(\[]*(yes|no|true|false)\b", re.IGNORECASE)
+# A whole number in prose: not part of a longer number or a decimal ("2.5", "1,5" stay out).
+_WHOLE = re.compile(r"(?<![\d.,])\d{1,12}(?!\d|[.,]\d)")
+_NUMBER_WORDS = (
+    "zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten",
+    "eleven", "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen",
+    "nineteen", "twenty",
+)
+_NUMBER_WORD = re.compile(r"\b(" + "|".join(_NUMBER_WORDS) + r")\b", re.IGNORECASE)
 _TRAJECTORY_WORDS = ("trajector", "path", "waypoint", "trace")
 
 
@@ -119,16 +131,19 @@ def parse_output(
 
     ``reasoning`` is the server's already-split reasoning (``message.reasoning``); when given,
     ``text`` is the answer (any stray ``</think>`` in it is still honoured). ``task`` steers
-    ambiguous shapes: with ``Task.TRAJECTORY`` every point list is a trajectory, with
-    ``Task.POINT`` point lists stay separate points; by default a list of point objects is a
-    trajectory only when its label says so (e.g. ``"gripper trajectory"``). Never raises.
+    ambiguous shapes by the answer its ``TaskSpec`` expects: with ``Task.TRAJECTORY`` every
+    point list is a trajectory, with ``Task.POINT`` point lists stay separate points; by
+    default a list of point objects is a trajectory only when its label says so (e.g.
+    ``"gripper trajectory"``). A task whose expected answer is missing gets a problem. With
+    ``Task.COUNT`` a count given only in prose ("I see 3 cups") becomes ``answer_json``
+    ``{"count":3}``, so the result always carries it as JSON. Never raises.
     """
     if not isinstance(text, str):
         text = "" if text is None else str(text)
     if reasoning is not None and not isinstance(reasoning, str):
         reasoning = str(reasoning)
     try:
-        return _parse(text, reasoning, finish_reason, _task_name(task))
+        return _parse(text, reasoning, finish_reason, _expected_answer(task))
     except Exception as exc:  # noqa: BLE001 - a parser bug must never fail a goal with text
         _LOG.exception("parse_output failed on %d chars", len(text))
         return ParsedAnswer(
@@ -218,6 +233,20 @@ def find_json(text: str) -> JsonFound:
     return JsonFound(tuple(values), truncated, tuple(problems))
 
 
+def read_count(answer: ParsedAnswer | str) -> int | None:
+    """Read an object count (COUNT task) as a whole number >= 0, else ``None``.
+
+    Looks at JSON first (``{"count": n}``; also ``number``, ``total``, ``num``, ``quantity``;
+    a list of such objects, one per target, gives their sum), then, when the answer has no
+    JSON, at prose that names exactly one number ("3", "I see three cups").
+    """
+    if isinstance(answer, ParsedAnswer):
+        return _count_of(answer.answer_json, answer.answer)[0]
+    if isinstance(answer, str):
+        return _count_of(None, answer)[0]
+    return None
+
+
 def read_verdict(answer: ParsedAnswer | str) -> bool | None:
     """Read a yes/no verdict (VERIFY task): ``True`` for yes, ``False`` for no, else ``None``.
 
@@ -287,16 +316,20 @@ def _strip_answer_tags(answer: str) -> tuple[str, bool, list[str]]:
 # --- the parse ------------------------------------------------------------------------------
 
 
-def _task_name(task: Task | str | None) -> str:
+def _expected_answer(task: Task | str | None) -> AnswerKind:
+    """Return the answer the task's spec expects; no task or an unknown one expects text."""
     if isinstance(task, Task):
-        return task.value
-    if isinstance(task, str):
-        return task.strip().lower()
-    return ""
+        spec = find_spec(task.value)
+    elif isinstance(task, str):
+        spec = find_spec(task.strip().lower())
+    else:
+        spec = None
+    return spec.answer if spec is not None else AnswerKind.TEXT
 
 
 def _parse(
-    text: str, given_reasoning: str | None, finish_reason: FinishReason | None, task: str
+    text: str, given_reasoning: str | None, finish_reason: FinishReason | None,
+    expect: AnswerKind,
 ) -> ParsedAnswer:
     split = split_reasoning(text)
     reasoning = split.reasoning
@@ -318,7 +351,7 @@ def _parse(
     json_found = find_json(answer)
     problems.extend(json_found.problems)
     truncated = truncated or json_found.truncated
-    collector = _Collector(task)
+    collector = _Collector(expect)
     answer_json: str | None = None
     if json_found.values:
         found.append("json")
@@ -338,14 +371,6 @@ def _parse(
     ):
         if items:
             found.append(name)
-    wanted = {
-        "ground": "boxes",
-        "point": "points",
-        "trajectory": "trajectories",
-        "temporal": "spans",
-    }
-    if task in wanted and wanted[task] not in found and answer:
-        problems.append(f"no {wanted[task]} found in the answer")
 
     partial = ParsedAnswer(
         raw_text=text, reasoning=reasoning, answer=answer, answer_json=answer_json
@@ -353,8 +378,16 @@ def _parse(
     verdict = read_verdict(partial)
     if verdict is not None:
         found.append("yes_no")
-    elif task == "verify" and answer:
-        problems.append("no yes/no verdict found in the answer")
+    if expect is AnswerKind.COUNT:
+        count, problem = _count_of(answer_json, answer)
+        if count is not None:
+            found.append("count")
+            if answer_json is None:  # prose only: give the result its count as JSON too
+                answer_json = _dump_json({"count": count}, problems)
+        elif problem:
+            problems.append(problem)
+    if expect is not AnswerKind.TEXT and expect.value not in found and answer:
+        problems.append(expect.missing)
 
     return ParsedAnswer(
         raw_text=text,
@@ -805,8 +838,8 @@ def _is_trajectory_label(label: str) -> bool:
 class _Collector:
     """Walks parsed JSON values and collects boxes, points, trajectories and spans."""
 
-    def __init__(self, task: str) -> None:
-        self.task = task
+    def __init__(self, expect: AnswerKind) -> None:
+        self.expect = expect  # steers ambiguous point lists (points vs trajectories)
         self.boxes: list[Box] = []
         self.points: list[Point] = []
         self.trajectories: list[Trajectory] = []
@@ -839,7 +872,7 @@ class _Collector:
         two or more points (e.g. "left arm" and "right arm"): then one trajectory per label.
         Individually labelled points ("start", "grasp", "end") stay one trajectory.
         """
-        if self.task != "trajectory" or not self.points or self.trajectories:
+        if self.expect is not AnswerKind.TRAJECTORIES or not self.points or self.trajectories:
             return
         points, self.points = self.points, []
         groups: dict[str, list[Point]] = {}
@@ -871,14 +904,15 @@ class _Collector:
                     self._add_point(nums, "")
                 return
             if items and all(_is_pair(x) for x in items):
-                if self.task == "trajectory" and len(items) >= 2:
+                if self.expect is AnswerKind.TRAJECTORIES and len(items) >= 2:
                     pts = [self._point(_numbers_of(x) or [], "") for x in items]
                     self._add_trajectory([p for p in pts if p is not None], "")
                 else:
                     for x in items:
                         self._add_point(_numbers_of(x) or [], "")
                 return
-        if len(items) >= 2 and self.task != "point" and all(self._is_point_obj(x) for x in items):
+        if len(items) >= 2 and self.expect is not AnswerKind.POINTS \
+                and all(self._is_point_obj(x) for x in items):
             labels = {_label_of(x) for x in items}
             if len(labels) == 1 and _is_trajectory_label(next(iter(labels))):
                 pts = [self._point_from_obj(x) for x in items]
@@ -922,7 +956,7 @@ class _Collector:
         if hit is not None:
             value = hit[1]
             if isinstance(value, list) and value and all(_is_pair(v) for v in value):
-                if self.task == "trajectory" or _is_trajectory_label(label):
+                if self.expect is AnswerKind.TRAJECTORIES or _is_trajectory_label(label):
                     pts = [self._point(_numbers_of(v) or [], label) for v in value]
                     self._add_trajectory([p for p in pts if p is not None], label)
                 else:
@@ -936,7 +970,7 @@ class _Collector:
             if _is_pair(value):
                 self._add_point(_numbers_of(value) or [], label)
             elif isinstance(value, list) and value and all(_is_pair(v) for v in value):
-                if self.task == "point":
+                if self.expect is AnswerKind.POINTS:
                     for v in value:
                         self._add_point(_numbers_of(v) or [], label)
                 else:
@@ -1093,6 +1127,67 @@ class _Collector:
         msg = f"more than {MAX_ITEMS} {what}; the rest ignored"
         if msg not in self.problems:
             self.problems.append(msg)
+
+
+# --- counts ---------------------------------------------------------------------------------
+
+
+def _whole_number(value: Any) -> int | None:
+    """Return a whole number (int, integral float or digit string) in 0..MAX_COUNT_VALUE."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        value = int(value)
+    elif isinstance(value, str) and len(value) <= 16 and value.strip().isdecimal():
+        value = int(value.strip())
+    if isinstance(value, int) and 0 <= value <= MAX_COUNT_VALUE:
+        return value
+    return None
+
+
+def _json_count(value: Any, depth: int = 0) -> tuple[int | None, str | None]:
+    if isinstance(value, dict):
+        hit = _first(value, COUNT_KEYS)
+        if hit is None:
+            return None, None
+        count = _whole_number(hit[1])
+        if count is None:
+            return None, (f"count {hit[1]!r:.40} is not a whole number in "
+                          f"0..{MAX_COUNT_VALUE}")
+        return count, None
+    # One object per target ([{"label": "cup", "count": 2}, ...]): the total, as asked.
+    if isinstance(value, list) and depth == 0 and 0 < len(value) <= MAX_ITEMS \
+            and all(isinstance(v, dict) for v in value):
+        total = 0
+        for item in value:
+            count, problem = _json_count(item, depth + 1)
+            if count is None:
+                return None, problem
+            total += count
+        return (total, None) if total <= MAX_COUNT_VALUE else (None, f"count {total} too large")
+    return None, None
+
+
+def _count_of(answer_json: str | None, answer: str) -> tuple[int | None, str | None]:
+    """Return ``(count, problem)``: JSON when there is any, else a sole number in the prose."""
+    if answer_json is not None:
+        try:
+            value = json.loads(answer_json)
+        except (ValueError, RecursionError):
+            return None, None
+        return _json_count(value)
+    text = answer[:MAX_SCAN_CHARS]
+    values = {int(m) for m in _WHOLE.findall(text)}
+    values |= {_NUMBER_WORDS.index(w.lower()) for w in _NUMBER_WORD.findall(text)}
+    if len(values) > 1:
+        shown = ", ".join(str(v) for v in sorted(values)[:5])
+        return None, f"count is ambiguous: the answer names several numbers ({shown})"
+    if values:
+        count = _whole_number(values.pop())
+        if count is None:
+            return None, f"count in the answer is above {MAX_COUNT_VALUE}"
+        return count, None
+    return None, None
 
 
 # --- yes / no -------------------------------------------------------------------------------

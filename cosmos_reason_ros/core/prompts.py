@@ -1,5 +1,7 @@
 """Task templates -> chat messages, JSON schemas for structured tasks, and sampling choice.
 
+What each task says, needs and returns is data in ``core/tasks.py``; this module renders it.
+
 Every request about the same media shares one message prefix (system turn, then the user
 turn's media placeholders) whatever the task or prompt: ``prefix_messages`` returns it, and
 ``build_request_messages`` only appends the task text after it. Rendered by the chat template,
@@ -18,6 +20,15 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from cosmos_reason_ros.core.models import ModelProfile, ReasoningPlacement
+from cosmos_reason_ros.core.tasks import (
+    COORDINATE_WORDS,
+    MAX_LABEL_CHARS,
+    MAX_SCHEMA_ITEMS,
+    FixedSchema,
+    PromptUse,
+    SamplingPreset,
+    spec_for,
+)
 from cosmos_reason_ros.core.types import (
     BadRequestError,
     ContentPart,
@@ -36,32 +47,9 @@ MAX_TEMPERATURE = 2.0
 # Bounds that keep user-supplied schemas cheap to compile into a grammar.
 MAX_SCHEMA_BYTES = 16384
 MAX_SCHEMA_DEPTH = 16
-# Bounds inside our own schemas: random-weight models under constrained decoding only stop
-# when every string and array has a maximum length.
-MAX_SCHEMA_ITEMS = 32
-MAX_LABEL_CHARS = 64
-MAX_REASON_CHARS = 300
-MAX_CAPTION_CHARS = 200
 # Upper bound for absolute-pixel coordinates when the input size is not known (Qwen2.5-VL
 # inputs stay well below this even at the processor's largest budget).
 MAX_INPUT_SIDE = 32768
-
-TASKS_NEEDING_PROMPT = frozenset({Task.VQA, Task.VERIFY, Task.TRAJECTORY})
-TASKS_NEEDING_TARGETS = frozenset({Task.GROUND, Task.POINT})
-# Tasks whose answer is coordinates: they use the low-temperature grounding preset.
-COORDINATE_TASKS = frozenset({Task.GROUND, Task.POINT, Task.TRAJECTORY})
-SCHEMA_TASKS = frozenset({Task.GROUND, Task.POINT, Task.TRAJECTORY, Task.VERIFY, Task.TEMPORAL})
-
-# Prompt wordings from the model repo (MISSION.md, "Prompt examples").
-CAPTION_VIDEO = "Caption the video in detail."
-NEXT_ACTION_QUESTION = "What can be the next immediate action?"
-GROUND_ONE = "Locate the bounding box of {target}. Return a json."
-TRAJECTORY_TEMPLATE = (
-    'You are given the task "{task}". Specify the 2D trajectory your end effector should follow '
-    "in pixel space. Return the trajectory coordinates in JSON format like this: "
-    '{{"point_2d": [x, y], "label": "gripper trajectory"}}.'
-)
-TIME_PATTERN = r"^[0-9]{2}:[0-9]{2}\.[0-9]{2}$"  # mm:ss.ff, as Reason temporal outputs use
 
 
 def parse_task(value: str | Task) -> Task:
@@ -131,13 +119,15 @@ def validate_goal_text(
         raise BadRequestError(
             f"targets has {len(cleaned)} entries; at most {MAX_TARGETS} are allowed"
         )
-    if task in TASKS_NEEDING_PROMPT and not prompt.strip():
-        what = "the task to perform" if task is Task.TRAJECTORY else "the question"
-        raise BadRequestError(f"prompt is empty; task '{task.value}' needs {what} in prompt")
-    if task in TASKS_NEEDING_TARGETS and not cleaned:
+    spec = spec_for(task)
+    if spec.needs_prompt and not prompt.strip():
+        raise BadRequestError(
+            f"prompt is empty; task '{task.value}' needs {spec.prompt_means} in prompt"
+        )
+    if spec.needs_targets and not cleaned:
         raise BadRequestError(
             f"targets is empty; task '{task.value}' needs at least one object to "
-            f"{'locate' if task is Task.GROUND else 'point at'}"
+            f"{spec.targets_verb}"
         )
     return task, prompt, tuple(cleaned)
 
@@ -188,15 +178,6 @@ def _join_targets(targets: Sequence[str]) -> str:
     return ", ".join(targets[:-1]) + " and " + targets[-1]
 
 
-def _coordinate_words(convention: CoordinateConvention) -> str:
-    if convention is CoordinateConvention.NORMALIZED_1000:
-        # Qwen3-VL / Reason2 write 0-1000 per axis natively; saying so keeps outputs on it.
-        return "with coordinates normalized to 0-1000"
-    # Qwen2.5-VL / Reason1 answer in pixels of the (resized) image they see: never promise
-    # 0-1000 to them.
-    return "with coordinates in pixels of the image"
-
-
 def _media_noun(n_images: int, video: bool) -> str:
     if video:
         return "video"
@@ -211,48 +192,25 @@ def task_text(
     n_images: int = 1,
     video: bool = False,
 ) -> str:
-    """Return the user text for a validated task (without any reasoning instruction)."""
-    extra = f"\n{prompt}" if prompt.strip() else ""
-    if task is Task.VQA:
-        return prompt
-    if task is Task.CAPTION:
-        if video:
-            return CAPTION_VIDEO + extra
-        return f"Caption the {_media_noun(n_images, video)} in detail." + extra
-    if task is Task.GROUND:
-        if len(targets) == 1:
-            head = GROUND_ONE.format(target=targets[0])
-        else:
-            head = f"Locate the bounding boxes of {_join_targets(targets)}. Return a json."
-        shape = '[{"bbox_2d": [x1, y1, x2, y2], "label": "<object>"}]'
-        return (
-            f"{head} Use the format {shape}, one entry per object found, "
-            f"{_coordinate_words(convention)}." + extra
-        )
-    if task is Task.POINT:
-        head = f"Point to {_join_targets(targets)}. Return a json."
-        shape = '[{"point_2d": [x, y], "label": "<object>"}]'
-        return (
-            f"{head} Use the format {shape}, one entry per object found, "
-            f"{_coordinate_words(convention)}." + extra
-        )
-    if task is Task.TRAJECTORY:
-        return TRAJECTORY_TEMPLATE.format(task=prompt)
-    if task is Task.NEXT_ACTION:
-        return f"{prompt}\n{NEXT_ACTION_QUESTION}" if prompt.strip() else NEXT_ACTION_QUESTION
-    if task is Task.VERIFY:
-        return (
-            f"{prompt}\nAnswer yes or no and give a short reason. Return a json like "
-            '{"answer": "yes", "reason": "..."}.'
-        )
-    if task is Task.TEMPORAL:
-        head = prompt if prompt.strip() else "Describe the notable events in the video."
-        return (
-            f"{head}\nFor each event give its start and end time in mm:ss.ff format and a short "
-            'caption. Return a json list like [{"start": "00:01.50", "end": "00:03.00", '
-            '"caption": "..."}].'
-        )
-    raise BadRequestError(f"task {task!r} has no template")  # unreachable while Task is closed
+    """Return the user text for a validated task (without any reasoning instruction).
+
+    Renders the task's template from ``core/tasks.py`` and places the prompt as it says.
+    """
+    spec = spec_for(task)
+    given = bool(prompt.strip())
+    template = spec.template_many if len(targets) > 1 and spec.template_many else spec.template
+    text = template.format(
+        # An empty prompt stays as given unless the task has a default (vqa echoes it).
+        prompt=prompt if given or not spec.default_prompt else spec.default_prompt,
+        targets=_join_targets(targets) if targets else "",
+        media=_media_noun(n_images, video),
+        coordinates=COORDINATE_WORDS[convention],
+    )
+    if spec.prompt_use is PromptUse.AFTER and given:
+        return f"{text}\n{prompt}"
+    if spec.prompt_use is PromptUse.BEFORE and given:
+        return f"{prompt}\n{text}"
+    return text
 
 
 def build_request_messages(
@@ -271,8 +229,10 @@ def build_request_messages(
     user text after a blank line; Cosmos-Reason1 / Qwen2.5-VL get it as the system prompt.
     """
     task, prompt, cleaned = validate_goal_text(task, prompt, targets, max_prompt_chars)
-    if task is Task.TEMPORAL and not video:
-        raise BadRequestError("task 'temporal' needs a video clip; the request has only images")
+    if spec_for(task).needs_video and not video:
+        raise BadRequestError(
+            f"task '{task.value}' needs a video clip; the request has only images"
+        )
     prefix = prefix_messages(profile, n_images, video, reasoning)
     text = task_text(task, prompt, cleaned, profile.coordinates, n_images, video)
     if reasoning and profile.reasoning_placement is ReasoningPlacement.USER_SUFFIX:
@@ -335,43 +295,14 @@ def task_schema(
     0..max(``input_size``) for ``INPUT_PIXELS``. Labels are restricted to the targets when
     targets are given.
     """
-    task = parse_task(task)
-    cleaned = [t.strip() for t in targets if t.strip()]
-    coordinate = _coordinate_schema(convention, input_size)
-    if task is Task.GROUND:
-        return _coordinates_array("bbox_2d", 4, coordinate, _label_schema(cleaned), 0)
-    if task is Task.POINT:
-        return _coordinates_array("point_2d", 2, coordinate, _label_schema(cleaned), 0)
-    if task is Task.TRAJECTORY:
-        return _coordinates_array("point_2d", 2, coordinate, _label_schema(()), 1)
-    if task is Task.VERIFY:
-        return {
-            "type": "object",
-            "properties": {
-                "answer": {"type": "string", "enum": ["yes", "no"]},
-                "reason": {"type": "string", "maxLength": MAX_REASON_CHARS},
-            },
-            "required": ["answer", "reason"],
-            "additionalProperties": False,
-        }
-    if task is Task.TEMPORAL:
-        time = {"type": "string", "pattern": TIME_PATTERN, "minLength": 8, "maxLength": 8}
-        return {
-            "type": "array",
-            "minItems": 0,
-            "maxItems": MAX_SCHEMA_ITEMS,
-            "items": {
-                "type": "object",
-                "properties": {
-                    "start": time,
-                    "end": time,
-                    "caption": {"type": "string", "maxLength": MAX_CAPTION_CHARS},
-                },
-                "required": ["start", "end", "caption"],
-                "additionalProperties": False,
-            },
-        }
-    return None
+    shape = spec_for(parse_task(task)).schema
+    if shape is None:
+        return None
+    if isinstance(shape, FixedSchema):
+        return shape.build()
+    cleaned = [t.strip() for t in targets if t.strip()] if shape.labels_from_targets else []
+    return _coordinates_array(shape.key, shape.arity, _coordinate_schema(convention, input_size),
+                              _label_schema(cleaned), shape.min_items)
 
 
 _SCHEMA_TYPES = frozenset({"object", "array", "string", "number", "integer", "boolean", "null"})
@@ -510,8 +441,7 @@ def parse_response_schema(
 
 def preset_for(profile: ModelProfile, task: str | Task, reasoning: bool) -> Sampling:
     """Return the profile's sampling preset for a task: coordinates, reasoning, or plain."""
-    task = parse_task(task)
-    if task in COORDINATE_TASKS:
+    if spec_for(parse_task(task)).sampling is SamplingPreset.GROUNDING:
         # Cookbook: grounding, pointing and trajectories want low temperature and top_p
         # (0.3 / 0.3) with or without reasoning.
         return profile.sampling_structured
@@ -538,10 +468,10 @@ def sampling_for(
 ) -> Sampling:
     """Return the sampling for one goal: the preset with the goal's overrides, validated.
 
-    ``max_tokens``, ``temperature`` and ``top_p`` at 0 or below mean "use the preset" (ROS
-    message fields default to 0). The preset's ``max_tokens`` is capped at ``max_tokens_cap``;
-    an explicit ``max_tokens`` above the cap is an error. A ``seed`` of 0 or below means none
-    (0 is also the ROS default).
+    ``max_tokens`` 0 means "use the preset" (ROS message fields default to 0); 1..cap is an
+    explicit limit; anything else is an error (Reason.action documents only these). The
+    preset's ``max_tokens`` is capped at ``max_tokens_cap``. ``temperature`` and ``top_p`` at 0
+    or below mean the preset. A ``seed`` of 0 or below means none (0 is also the ROS default).
     """
     if isinstance(max_tokens_cap, bool) or not isinstance(max_tokens_cap, int) \
             or max_tokens_cap < 1:
@@ -549,6 +479,12 @@ def sampling_for(
     preset = preset_for(profile, task, reasoning)
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int):
         raise BadRequestError(f"max_tokens={max_tokens!r} must be an integer")
+    if max_tokens < 0:
+        # A negative limit used to fall back to the preset silently (issue 17); refuse it.
+        raise BadRequestError(
+            f"max_tokens={max_tokens} is negative; allowed 1..{max_tokens_cap}, or 0 for the "
+            f"model preset"
+        )
     if max_tokens > max_tokens_cap:
         raise BadRequestError(
             f"max_tokens={max_tokens} exceeds the limit; allowed 1..{max_tokens_cap}, or 0 for "
@@ -588,7 +524,7 @@ def sampling_for(
 
 def task_needs_schema(task: str | Task) -> bool:
     """Tell whether a task's answer is JSON with a fixed shape (see ``task_schema``)."""
-    return parse_task(task) in SCHEMA_TASKS
+    return spec_for(parse_task(task)).schema is not None
 
 
 def schema_for_request(

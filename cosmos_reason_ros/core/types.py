@@ -101,7 +101,10 @@ class PromptTooLongError(CosmosReasonError):
 
 
 class Task(str, enum.Enum):
-    """Named prompt templates. ``VQA`` is the free-form question (the default)."""
+    """Named prompt templates. ``VQA`` is the free-form question (the default).
+
+    Each member is defined by its entry in ``core/tasks.py`` (checked at import).
+    """
 
     VQA = "vqa"
     CAPTION = "caption"
@@ -111,6 +114,7 @@ class Task(str, enum.Enum):
     NEXT_ACTION = "next_action"
     VERIFY = "verify"
     TEMPORAL = "temporal"
+    COUNT = "count"
 
 
 class CoordinateConvention(str, enum.Enum):

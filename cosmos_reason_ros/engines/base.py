@@ -51,6 +51,15 @@ class Engine(abc.ABC):
     def model_name(self) -> str:
         """The served model's name as reported in results."""
 
+    @property
+    def start_failure_is_fatal(self) -> bool:
+        """Whether a failed ``start`` should stop the node (True for in-process engines).
+
+        A remote server may come up later: such an engine says False, and the node serves
+        goals with ENGINE_UNAVAILABLE until it does.
+        """
+        return True
+
     @abc.abstractmethod
     async def start(self) -> None:
         """Load or connect, then warm up; raise ``EngineUnavailableError`` if impossible."""

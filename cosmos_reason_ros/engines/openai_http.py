@@ -28,6 +28,11 @@ Request fields this module sends, as verified against vLLM 0.32.0's server (see
   (``request.reasoning`` if the request type has it, else: no ``<think>`` in any prompt text).
 - Sampling: ``temperature``, ``top_p``, ``max_tokens``, ``seed`` and vLLM's extra top-level
   parameters ``top_k``, ``presence_penalty``, ``repetition_penalty``, ``ignore_eos``.
+- Bounds: whatever a server streams, reading stops a little past the request's
+  ``max_tokens`` (``output_token_limit``; reasoning counts too), judged by content deltas,
+  ``usage`` and characters, and the whole body is bounded in bytes. The stream is then
+  closed (the server sees a disconnect), the request ends with ``LENGTH`` and one warning
+  names the endpoint. The warm-up request is bounded the same way.
 
 The API key is read from the environment variable *named* by ``api_key_env`` at each request;
 the key itself never enters the config, a log line, a repr or an error message.
@@ -46,7 +51,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, TypeVar
 
 import aiohttp
@@ -107,6 +112,23 @@ _REASONING_OUTPUT = ("split", "inline")
 _STRUCTURED_FIELDS = ("structured_outputs", "response_format")
 _VIDEO_MODES = ("mp4", "frames")
 _WARMUP_SIZE = 64  # px; a multiple of every Qwen-VL patch unit (28 and 32)
+_EOL = re.compile(rb"\r\n|\r|\n")
+_ERROR_BODY_BYTES = 64 * 1024  # enough for any error message; the rest is not read
+
+# A server that ignores max_tokens (a proxy, another implementation, ignore_eos set by
+# mistake) must not make an answer, a goal or the start-up unbounded: reading stops a little
+# past what the request allows (see ``output_token_limit``). Three counts, each a lower bound
+# on the tokens a server has sent, so a server that keeps to max_tokens never trips them:
+# - content deltas: a token-streaming server (vLLM) sends at least one token per delta;
+# - ``usage.completion_tokens``, when a server reports it mid-stream;
+# - characters / _MAX_CHARS_PER_TOKEN, for servers that batch many tokens into one delta.
+#   Answers average ~4 characters per token (English), ~3 (JSON, code); only text made of
+#   nothing but the longest whitespace or punctuation tokens averages more than 32.
+_MAX_CHARS_PER_TOKEN = 32
+# Everything else a server sends (SSE framing, the JSON around each delta, usage, comments,
+# one line that never ends) is bounded in bytes: vLLM's event for one token is ~250-400 bytes.
+_MAX_BYTES_PER_TOKEN = 4096
+_BYTES_SLACK = 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -203,7 +225,7 @@ class SSEParser:
 
     def __init__(self) -> None:
         """Start with an empty buffer."""
-        self._buf = b""
+        self._partial: list[bytes] = []  # the current line, not yet ended
         self._data: list[str] = []
         self._pending_cr = False
 
@@ -212,25 +234,21 @@ class SSEParser:
         if self._pending_cr and raw.startswith(b"\n"):
             raw = raw[1:]  # the \n of a \r\n split across two reads
         self._pending_cr = False
-        buf = self._buf + raw
         events: list[str] = []
         start = 0
-        n = len(buf)
-        i = 0
-        while i < n:
-            c = buf[i]
-            if c == 0x0A or c == 0x0D:  # \n or \r
-                line = buf[start:i]
-                if c == 0x0D:
-                    if i + 1 < n:
-                        if buf[i + 1] == 0x0A:
-                            i += 1
-                    else:
-                        self._pending_cr = True
-                self._line(line.decode("utf-8", errors="replace"), events)
-                start = i + 1
-            i += 1
-        self._buf = buf[start:]
+        # Only the new bytes are scanned (a C-level search), so a long line that arrives in
+        # many reads costs linear time, not a rescan of everything buffered per read.
+        for end in _EOL.finditer(raw):
+            if end.group() == b"\r" and end.end() == len(raw):
+                self._pending_cr = True
+            line = raw[start : end.start()]
+            if self._partial:
+                line = b"".join((*self._partial, line))
+                self._partial = []
+            self._line(line.decode("utf-8", errors="replace"), events)
+            start = end.end()
+        if start < len(raw):
+            self._partial.append(raw[start:])
         return events
 
     def _line(self, line: str, events: list[str]) -> None:
@@ -281,6 +299,40 @@ class _Active:
     cancelled: bool = False
 
 
+def output_token_limit(max_tokens: int) -> int:
+    """Return the most output tokens read for a request asking for ``max_tokens``.
+
+    The margin (8 tokens or 10 %, whichever is more) absorbs servers that count a token or
+    two differently (a stop token, a detokenizer flush); beyond it a server is overrunning.
+    """
+    asked = max(1, int(max_tokens))
+    return asked + max(8, -(-asked // 10))
+
+
+@dataclass
+class _OutputBound:
+    """What a request allows a server to send, and how much of it has arrived."""
+
+    max_tokens: int
+    deltas: int = 0  # content or reasoning deltas passed on
+    chars: int = 0  # their characters
+    usage_tokens: int = 0  # the largest usage.completion_tokens seen
+    bytes_read: int = 0  # everything read from the response body
+    limit: int = field(init=False)  # tokens
+    max_chars: int = field(init=False)
+    max_bytes: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        """Derive the limits once."""
+        self.limit = output_token_limit(self.max_tokens)
+        self.max_chars = self.limit * _MAX_CHARS_PER_TOKEN
+        self.max_bytes = _BYTES_SLACK + self.limit * _MAX_BYTES_PER_TOKEN
+
+    def tokens(self) -> int:
+        """Return a lower bound on the output tokens read so far."""
+        return max(self.deltas, self.usage_tokens, -(-self.chars // _MAX_CHARS_PER_TOKEN))
+
+
 def _server_root(base: str) -> str:
     return base[: -len("/v1")] if base.endswith("/v1") else base
 
@@ -323,6 +375,17 @@ async def _within(awaitable: Awaitable[_T], timeout_s: float) -> _T:
             await task
         raise asyncio.TimeoutError
     return task.result()
+
+
+async def _read_capped(resp: aiohttp.ClientResponse, limit: int) -> str:
+    """Read at most ``limit`` bytes of a body (an error page need not be read whole)."""
+    data = b""
+    while len(data) < limit:
+        part = await resp.content.read(limit - len(data))
+        if not part:
+            break
+        data += part
+    return data.decode("utf-8", errors="replace")
 
 
 def _data_url(mime: str, data: bytes) -> str:
@@ -410,6 +473,11 @@ class OpenAIServerEngine(Engine):
         return f"OpenAIServerEngine(endpoints={endpoints}, model={self._model!r})"
 
     # -- Engine interface --------------------------------------------------------------------
+
+    @property
+    def start_failure_is_fatal(self) -> bool:
+        """A server that is down now may come up: the node keeps serving meanwhile."""
+        return False
 
     @property
     def model_name(self) -> str:
@@ -825,7 +893,7 @@ class OpenAIServerEngine(Engine):
                 ep.in_flight += 1
                 try:
                     attempt = self._attempt(session, ep, payload, request_id, active, t0,
-                                            deadline)
+                                            deadline, request.sampling.max_tokens)
                     async with contextlib.aclosing(attempt) as chunks:
                         async for chunk in chunks:
                             yield chunk
@@ -859,8 +927,13 @@ class OpenAIServerEngine(Engine):
         active: _Active,
         t0: float,
         deadline: float,
+        max_tokens: int,
     ) -> AsyncIterator[Chunk]:
-        """One POST to one endpoint; raises ``_Failover`` only before the first token."""
+        """One POST to one endpoint; raises ``_Failover`` only before the first token.
+
+        Reading stops once the output passes ``output_token_limit(max_tokens)``: the stream
+        is closed (the server sees a disconnect) and the request ends with ``LENGTH``.
+        """
         cfg = self._config
         headers = self._headers()
         # Correlates our logs with the server's; header-safe characters only.
@@ -899,8 +972,8 @@ class OpenAIServerEngine(Engine):
                 return
             if resp.status != 200:
                 try:
-                    text = await _within(resp.text(errors="replace"),
-                                                  cfg.read_timeout_s)
+                    text = await _within(_read_capped(resp, _ERROR_BODY_BYTES),
+                                         cfg.read_timeout_s)
                 except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
                     text = ""
                 error = self._status_error(resp.status, text, ep)
@@ -909,13 +982,14 @@ class OpenAIServerEngine(Engine):
                 raise error
 
             parser = SSEParser()
-            n_out = 0
+            bound = _OutputBound(max_tokens)
+            overran = ""  # what passed the bound; "" while within it
             finish: FinishReason | None = None
             usage: dict[str, Any] | None = None
             in_reasoning = False
             inline = cfg.reasoning_output == "inline"
             done = False
-            while not done:
+            while not done and not overran:
                 now = time.monotonic()
                 if now >= deadline:
                     raise DeadlineExceededError(
@@ -959,6 +1033,7 @@ class OpenAIServerEngine(Engine):
                         raise _Failover(error, mark_down=True)
                     self._set_state(ep, False, error.message)
                     raise error
+                bound.bytes_read += len(raw)
                 for data in parser.feed(raw):
                     if data.strip() == "[DONE]":
                         done = True
@@ -981,10 +1056,30 @@ class OpenAIServerEngine(Engine):
                         raise error
                     if isinstance(event.get("usage"), dict):
                         usage = event["usage"]
+                        with contextlib.suppress(TypeError, ValueError):
+                            bound.usage_tokens = max(bound.usage_tokens,
+                                                     int(usage.get("completion_tokens") or 0))
+                        if bound.usage_tokens > bound.limit:
+                            overran = f"usage.completion_tokens={bound.usage_tokens}"
+                            break
                     for choice in event.get("choices") or ():
                         delta = choice.get("delta") or {}
-                        reasoning = delta.get("reasoning") or delta.get("reasoning_content")
-                        text = delta.get("content") or ""
+                        reasoning = delta.get("reasoning") or delta.get("reasoning_content") or ""
+                        content = delta.get("content") or ""
+                        if reasoning or content:
+                            # Reasoning and answer share the request's max_tokens.
+                            if bound.deltas >= bound.limit:
+                                overran = f"more than {bound.limit} deltas"
+                                break
+                            room = bound.max_chars - bound.chars
+                            if len(reasoning) + len(content) > room:
+                                reasoning = reasoning[:room]
+                                content = content[: room - len(reasoning)]
+                                overran = f"more than {bound.max_chars} characters"
+                            if reasoning or content:
+                                bound.deltas += 1
+                                bound.chars += len(reasoning) + len(content)
+                        text = content
                         reasoning_delta = ""
                         if reasoning:
                             if inline:
@@ -992,19 +1087,35 @@ class OpenAIServerEngine(Engine):
                             else:
                                 reasoning_delta = reasoning
                             in_reasoning = True
-                        if delta.get("content") and in_reasoning and not reasoning:
+                        if content and in_reasoning and not reasoning:
                             if inline:
                                 text = "\n</think>\n\n" + text
                             in_reasoning = False
                         if text or reasoning_delta:
-                            n_out += 1
                             delivered = True
                             yield Chunk(text_delta=text, reasoning_delta=reasoning_delta,
-                                        output_tokens=n_out,
+                                        output_tokens=bound.deltas,
                                         elapsed_s=time.monotonic() - t0)
+                        if overran:
+                            break
                         reason = choice.get("finish_reason")
                         if reason:
                             finish = _FINISH.get(str(reason), FinishReason.ERROR)
+                    if overran:
+                        break
+                if not overran and bound.bytes_read > bound.max_bytes:
+                    overran = f"more than {bound.max_bytes} bytes"
+            if overran and not active.cancelled:
+                # Close now, before the caller sees the end: the server aborts at once.
+                resp.close()
+                _LOG.warning("server overran max_tokens; stream closed: endpoint=%s "
+                             "request_id=%s max_tokens=%d read=%s tokens_at_least=%d",
+                             ep.base, request_id, max_tokens, overran, bound.tokens())
+                # An answer the server had already finished stays as it ended.
+                yield Chunk(finish_reason=finish or FinishReason.LENGTH,
+                            output_tokens=bound.tokens(), elapsed_s=time.monotonic() - t0)
+                return
+            n_out = bound.deltas
             if active.cancelled:
                 yield Chunk(finish_reason=FinishReason.CANCELLED, output_tokens=n_out,
                             elapsed_s=time.monotonic() - t0)

@@ -1,1 +1,1 @@
-"""Thin ROS 2 glue: the node, message conversion."""
+"""Thin ROS 2 glue: the node, message conversion, CDR readers, garbage-collector watch."""

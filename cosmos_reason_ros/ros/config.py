@@ -1,22 +1,96 @@
 """The node's parameters: one table of names, defaults, descriptions and checks.
 
-The table is plain data so that the config presets, the docs and the tests can all be checked
-against it; ``declare_and_load`` is the only part that touches rclpy. Every value is validated
-once at startup; a bad one raises ``ConfigError`` naming the parameter, the value and what is
-allowed, and the node exits instead of running half-configured.
+The table is plain data so that the config presets, the docs, the parameter descriptors and
+the tests can all be checked against it; ``declare_and_load`` is the only part that touches
+rclpy. Every value is validated once at startup; a bad one raises ``ConfigError`` naming the
+parameter, the value and what is allowed, and the node exits instead of running
+half-configured. So does a parameter name the node does not have, and a parameters file none
+of whose sections applies to the node (e.g. keyed ``cosmos_reason:`` while the node runs in a
+namespace): the presets are keyed ``/**:`` so that they apply under any namespace and name.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Mapping
+import os
+import re
+import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from cosmos_reason_ros.core.models import looks_like_local_path, missing_path_hint
+from cosmos_reason_ros.engines.factory import ENGINE_KINDS
+
+# The key of every preset: applies to the node under any namespace and node name. ROS 2
+# Humble's rclpy applies only '/**' and the node's exact fully qualified name from a
+# parameters file (newer ones also other wildcards), so '/**' is the portable choice.
+PRESET_KEY = "/**"
+DEFAULT_NODE_FQN = "/cosmos_reason"
+_INT64_MAX = 2**63 - 1
 
 
 class ConfigError(ValueError):
     """A parameter has a value the node cannot run with."""
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A string parameter's allowed values."""
+
+    allowed: tuple[str, ...]
+
+    def __call__(self, value: Any) -> str | None:
+        """Return the problem with ``value``, or None if it is allowed."""
+        return None if value in self.allowed else f"allowed: {self.describe()}"
+
+    def describe(self) -> str:
+        """Return the allowed values, as the docs and the parameter descriptor show them."""
+        return ", ".join(self.allowed)
+
+
+@dataclass(frozen=True)
+class Range:
+    """A number parameter's bounds (inclusive, except a ``low_open`` lower bound)."""
+
+    low: float
+    high: float = math.inf
+    low_open: bool = False
+
+    def __call__(self, value: Any) -> str | None:
+        """Return the problem with ``value``, or None if it is inside the bounds."""
+        if isinstance(value, float) and not math.isfinite(value):
+            return "must be a finite number"
+        ok = (value > self.low if self.low_open else value >= self.low) and value <= self.high
+        return None if ok else f"allowed: {self.describe()}"
+
+    def describe(self) -> str:
+        """Return the bounds in words, e.g. ``>= 0, <= 10``."""
+        bound = f"{'>' if self.low_open else '>='} {self.low}"
+        return bound + ("" if self.high == math.inf else f", <= {self.high}")
+
+
+@dataclass(frozen=True)
+class JsonObject:
+    """A string parameter holding a JSON object (ROS parameters cannot hold mappings)."""
+
+    def __call__(self, value: Any) -> str | None:
+        """Return the problem with ``value``, or None if it is empty or a JSON object."""
+        if value == "":
+            return None
+        try:
+            parsed = json.loads(value)
+        except ValueError as e:
+            return f"must be a JSON object or empty ({e})"
+        return None if isinstance(parsed, dict) else "must be a JSON object or empty"
+
+    def describe(self) -> str:
+        """Return what is allowed, in words."""
+        return "JSON object or empty"
+
+
+Check = Choice | Range | JsonObject
 
 
 @dataclass(frozen=True)
@@ -26,40 +100,31 @@ class Param:
     name: str
     default: Any
     description: str
-    check: Callable[[Any], str | None] | None = None  # returns a problem, or None if fine
+    check: Check | None = None  # callable: returns a problem, or None if fine
     runtime: bool = False  # may be set while the node runs (all others are read-only)
 
-
-def _choice(*allowed: str) -> Callable[[Any], str | None]:
-    return lambda v: None if v in allowed else f"allowed: {', '.join(allowed)}"
-
-
-def _range(low: float, high: float = math.inf, *, low_open: bool = False
-           ) -> Callable[[Any], str | None]:
-    def check(v: Any) -> str | None:
-        if isinstance(v, float) and not math.isfinite(v):
-            return "must be a finite number"
-        ok = (v > low if low_open else v >= low) and v <= high
-        bound = f"{'>' if low_open else '>='} {low}" + ("" if high == math.inf else f", <= {high}")
-        return None if ok else f"allowed: {bound}"
-    return check
+    @property
+    def allowed(self) -> str:
+        """What the check allows, in words ("" when any value of the type is fine)."""
+        return self.check.describe() if self.check is not None else ""
 
 
-def _json_object(v: Any) -> str | None:
-    if v == "":
-        return None
-    try:
-        parsed = json.loads(v)
-    except ValueError as e:
-        return f"must be a JSON object or empty ({e})"
-    return None if isinstance(parsed, dict) else "must be a JSON object or empty"
+def _choice(*allowed: str) -> Choice:
+    return Choice(allowed)
+
+
+def _range(low: float, high: float = math.inf, *, low_open: bool = False) -> Range:
+    return Range(low, high, low_open)
+
+
+_json_object = JsonObject()
 
 
 # Defaults in one place; config/*.yaml presets override them. Keep docs/PARAMETERS.md in step.
 PARAMS: tuple[Param, ...] = (
     # --- engine.* ------------------------------------------------------------------------
     Param("engine.kind", "vllm", "Inference backend: 'vllm' (in-process AsyncLLM) or 'openai' "
-          "(OpenAI-compatible server such as vllm serve).", _choice("vllm", "openai")),
+          "(OpenAI-compatible server such as vllm serve).", _choice(*ENGINE_KINDS)),
     Param("engine.model", "", "Checkpoint directory or hub name (vllm), or the served model name "
           "(openai; empty = ask the server)."),
     Param("engine.served_model_name", "", "Name reported in results (empty = model dir name)."),
@@ -212,6 +277,27 @@ def _same_type(default: Any, value: Any) -> bool:
     return isinstance(value, type(default))
 
 
+def _model_problem(model: str) -> str | None:
+    """Why the vllm engine cannot load ``model``: empty, or a local path that does not exist.
+
+    A hub id (``org/name``) is left to vLLM; a value that looks like a path (``/models/x``,
+    ``./x``, ``~/x``) must be a directory, or the node would fail later with a message about
+    the model family or the hub instead of the path.
+    """
+    if not model:
+        return "engine.model='': the vllm engine needs a checkpoint directory or name"
+    if not looks_like_local_path(model):
+        return None
+    path = os.path.abspath(os.path.expanduser(model))
+    if os.path.isdir(path):
+        return None
+    if os.path.exists(path):
+        return f"engine.model={model!r}: {path} is a file, not a checkpoint directory"
+    return (f"engine.model={model!r}: no such directory {path} (looked for a checkpoint "
+            f"directory there; {missing_path_hint(path)}); give an existing checkpoint "
+            f"directory or a hub model id such as nvidia/Cosmos-Reason2-2B")
+
+
 def validate(values: Mapping[str, Any]) -> dict[str, Any]:
     """Check every value against its parameter; return the complete, typed mapping.
 
@@ -235,8 +321,10 @@ def validate(values: Mapping[str, Any]) -> dict[str, Any]:
         if problem:
             problems.append(f"{param.name}={value!r}: {problem}")
         result[param.name] = value
-    if not problems and result["engine.kind"] == "vllm" and not result["engine.model"]:
-        problems.append("engine.model='': the vllm engine needs a checkpoint directory or name")
+    if not problems and result["engine.kind"] == "vllm":
+        problem = _model_problem(result["engine.model"])
+        if problem:
+            problems.append(problem)
     if not problems and result["engine.kind"] == "openai" and not result["engine.endpoints"]:
         problems.append("engine.endpoints=[]: the openai engine needs at least one URL")
     if not problems and result["periodic.enabled"] and not result["periodic.prompt"].strip() \
@@ -283,43 +371,174 @@ def engine_options(values: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def load_yaml_params(path: str, node_name: str = "cosmos_reason") -> dict[str, Any]:
-    """Read a ROS 2 parameter file (``node: ros__parameters: {...}``) into flat names.
+def _flatten(prefix: str, tree: Mapping[str, Any], out: dict[str, Any]) -> None:
+    for key, value in tree.items():
+        name = f"{prefix}.{key}" if prefix else str(key)
+        if isinstance(value, dict):
+            _flatten(name, value, out)
+        else:
+            out[name] = value
 
-    Used by tests and tools to check presets without starting a node; the node itself gets
-    its parameters from rclpy.
+
+def yaml_sections(path: str) -> dict[str, dict[str, Any]]:
+    """Read a ROS 2 parameters file into ``{node name: {flat parameter name: value}}``.
+
+    Node names are as ROS reads them: nested keys above ``ros__parameters`` joined with '/',
+    with a leading '/' (``cosmos_reason:`` is ``/cosmos_reason``; ``/**`` stays ``/**``).
     """
     import yaml
 
-    with open(path, encoding="utf-8") as f:
-        doc = yaml.safe_load(f) or {}
-    section = doc.get(node_name) or doc.get("/**") or doc.get(f"/{node_name}")
-    if not isinstance(section, dict) or "ros__parameters" not in section:
-        raise ConfigError(f"{path}: no '{node_name}: ros__parameters:' (or '/**') section")
-    flat: dict[str, Any] = {}
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = yaml.safe_load(f) or {}
+    except (OSError, yaml.YAMLError) as e:
+        raise ConfigError(f"parameters file {path}: cannot read it ({e})") from e
+    sections: dict[str, dict[str, Any]] = {}
 
-    def walk(prefix: str, node: Any) -> None:
-        for key, value in node.items():
-            name = f"{prefix}.{key}" if prefix else str(key)
-            if isinstance(value, dict):
-                walk(name, value)
+    def walk(names: list[str], tree: Any) -> None:
+        if not isinstance(tree, dict):
+            return
+        for key, value in tree.items():
+            if key == "ros__parameters" and isinstance(value, dict):
+                flat: dict[str, Any] = {}
+                _flatten("", value, flat)
+                node = "/" + "/".join(n.strip("/") for n in names if n.strip("/"))
+                sections.setdefault(node, {}).update(flat)
             else:
-                flat[name] = value
+                walk([*names, str(key)], value)
 
-    walk("", section["ros__parameters"])
+    walk([], doc)
+    return sections
+
+
+def section_applies(section: str, node_fqn: str) -> bool:
+    """Whether a parameters-file section named ``section`` is meant for node ``node_fqn``.
+
+    rcl's name matching: ``/**`` matches any number of name tokens, ``/*`` exactly one.
+    (Humble's rclpy applies only ``/**`` and the exact name; ``declare_and_load`` notices
+    when a section this matches did not reach the node.)
+    """
+    tokens = [t for t in section.split("/") if t]
+    pattern = "".join("(/[A-Za-z0-9_~]+)*" if t == "**" else "(/[A-Za-z0-9_~]+)" if t == "*"
+                      else "/" + re.escape(t) for t in tokens)
+    return re.fullmatch(pattern or "/", node_fqn) is not None
+
+
+def load_yaml_params(path: str, node_name: str = DEFAULT_NODE_FQN) -> dict[str, Any]:
+    """Read what a ROS 2 parameters file sets for node ``node_name``, as flat names.
+
+    As rclpy merges them: the ``/**`` section, then the node's own (``/cosmos_reason`` by
+    default). Used by tests and tools to check presets without starting a node; the node
+    itself gets its parameters from rclpy.
+    """
+    fqn = node_name if node_name.startswith("/") else f"/{node_name}"
+    sections = yaml_sections(path)
+    applied = [name for name in (PRESET_KEY, fqn) if name in sections]
+    if not applied:
+        raise ConfigError(f"{path}: no '{PRESET_KEY}:' (or '{fqn}:') section with "
+                          f"ros__parameters")
+    flat: dict[str, Any] = {}
+    for name in applied:
+        flat.update(sections[name])
     flat.pop("use_sim_time", None)
     return flat
 
 
-def declare_and_load(node: Any) -> dict[str, Any]:
-    """Declare every parameter on ``node`` (with descriptions) and return validated values."""
-    from rcl_interfaces.msg import ParameterDescriptor
+def ros_params_files(argv: Sequence[str]) -> list[str]:
+    """Return the ``--params-file`` arguments in the ``--ros-args`` parts of ``argv``."""
+    files: list[str] = []
+    in_ros_args = False
+    args = list(argv)
+    for i, arg in enumerate(args):
+        if arg == "--ros-args":
+            in_ros_args = True
+        elif arg == "--":
+            in_ros_args = False
+        elif in_ros_args and arg == "--params-file" and i + 1 < len(args):
+            files.append(args[i + 1])
+    return files
 
-    values: dict[str, Any] = {}
+
+def check_params_files(files: Sequence[str], node_fqn: str,
+                       overrides: Mapping[str, Any]) -> None:
+    """Fail if a parameters file given to the node has no section that reached it.
+
+    Without this a preset keyed by another node name or namespace (``cosmos_reason:`` for a
+    node in ``/robot1``) is silently skipped and the node runs on code defaults. A section
+    counts as applied when its name matches the node and its parameters are among the
+    node's overrides (the last part catches wildcard sections an older rclpy ignores).
+    """
+    for path in files:
+        sections = yaml_sections(path)
+        applied = [name for name, values in sections.items()
+                   if section_applies(name, node_fqn) and set(values) <= set(overrides)]
+        if not applied:
+            listed = ", ".join(f"'{name}'" for name in sections) or "none"
+            raise ConfigError(
+                f"parameters file {path} sets nothing for node {node_fqn}: none of its "
+                f"sections ({listed}) applies to it, so the node would run on defaults; key "
+                f"the file '{PRESET_KEY}:' (any namespace and node name) or '{node_fqn}:'")
+
+
+def descriptor(param: Param) -> Any:
+    """Build the ``ParameterDescriptor`` of ``param``: description, read-only, constraints.
+
+    Ranges become ``integer_range`` / ``floating_point_range`` (step 0: any value between
+    the bounds), so ``ros2 param describe`` shows them and rclpy refuses a runtime value
+    outside them; every check is also spelled out in ``additional_constraints`` (an open
+    lower bound such as ``> 0.0`` exists only there: ROS ranges are inclusive). The type
+    is static (no ``dynamic_typing``): a double stays a double.
+    """
+    from rcl_interfaces.msg import FloatingPointRange, IntegerRange, ParameterDescriptor
+
+    d = ParameterDescriptor(description=param.description, read_only=not param.runtime)
+    if param.check is not None:
+        d.additional_constraints = f"allowed: {param.allowed}"
+    check = param.check
+    if isinstance(check, Range) and not isinstance(param.default, bool):
+        if isinstance(param.default, int):
+            low = math.floor(check.low) + 1 if check.low_open else math.ceil(check.low)
+            high = _INT64_MAX if check.high == math.inf else math.floor(check.high)
+            d.integer_range = [IntegerRange(from_value=low, to_value=high, step=0)]
+        elif isinstance(param.default, float):
+            d.floating_point_range = [FloatingPointRange(
+                from_value=float(check.low), to_value=float(check.high), step=0.0)]
+    return d
+
+
+def _is_ros_own(name: str, node: Any) -> bool:
+    # Parameters rclpy itself declares (use_sim_time; start_type_description_service from
+    # Jazzy on) or derives from publishers' QoS overriding options.
+    return node.has_parameter(name) or name.startswith("qos_overrides.")
+
+
+def declare_and_load(node: Any, argv: Sequence[str] | None = None) -> dict[str, Any]:
+    """Declare every parameter on ``node`` and return the validated values.
+
+    The values come from the node's parameter overrides (parameters files, ``-p``); before
+    anything is declared they are checked: a name the node does not have, a parameters file
+    in ``argv`` (default ``sys.argv``, where ``rclpy.init`` reads the global arguments) none
+    of whose sections reaches the node, or a bad value raise ``ConfigError``. Parameters are
+    declared with their validated values, statically typed (an integer written for a double
+    parameter, e.g. ``max_age_s: 5``, is declared as 5.0) and with their constraints.
+    """
+    # Humble's rclpy has no public accessor for the overrides the node was created with
+    # (rcl resolves them per node in Node.__init__); `_parameter_overrides` holds them, with
+    # the same name and meaning from Foxy to Rolling. Declaring each name first to read it
+    # would not reveal names the node does not have, which is what must be reported here.
+    overrides = {name: p.value for name, p in node._parameter_overrides.items()
+                 if not _is_ros_own(name, node)}
+    fqn = node.get_fully_qualified_name()
+    unknown = sorted(set(overrides) - set(PARAMS_BY_NAME))
+    if unknown:
+        raise ConfigError(
+            f"unknown parameter(s) for node {fqn}: {', '.join(unknown)} (from its parameters "
+            f"file or -p; docs/PARAMETERS.md lists the parameters)")
+    check_params_files(ros_params_files(sys.argv if argv is None else argv), fqn,
+                       node._parameter_overrides)
+    values = validate(overrides)
     for param in PARAMS:
-        descriptor = ParameterDescriptor(description=param.description,
-                                         read_only=not param.runtime, dynamic_typing=True)
-        default = param.default
-        declared = node.declare_parameter(param.name, default, descriptor)
-        values[param.name] = declared.value
-    return validate(values)
+        # ignore_override: the override was validated (and typed) above.
+        node.declare_parameter(param.name, values[param.name], descriptor(param),
+                               ignore_override=True)
+    return values

@@ -13,7 +13,7 @@ import math
 from types import ModuleType
 from typing import Any
 
-from cosmos_reason_interfaces.msg import ReasoningResult
+from cosmos_reason_interfaces.msg import Box2D, ReasoningResult
 from cosmos_reason_ros.ros.messages import source_header
 
 
@@ -30,26 +30,71 @@ def load_vision_msgs() -> ModuleType | None:
     return vision_msgs.msg
 
 
+def is_detection(box: Box2D) -> bool:
+    """Tell whether ``box`` goes to ``vision_msgs`` outputs: it needs a width and a height.
+
+    A degenerate box (zero width or height after clamping; the parser sets ``degenerate``)
+    stays in ``~/results`` with its flag, because the answer did name it, but a zero-size
+    ``BoundingBox2D`` locates nothing for a consumer to crop, track or lift. The size test also
+    catches such boxes from producers that did not set the flag.
+    """
+    return (not box.degenerate and float(box.x_max) > float(box.x_min)
+            and float(box.y_max) > float(box.y_min))
+
+
+def boxes_left_out(result_msg: ReasoningResult) -> int:
+    """How many of ``result_msg``'s boxes :func:`to_detection_array` leaves out (degenerate).
+
+    For the node's ``/diagnostics`` count; counted per result, whether or not vision_msgs is
+    installed, so the figure means the same on every machine.
+    """
+    return sum(1 for box in result_msg.boxes if not is_detection(box))
+
+
+def detection_score(box: Box2D) -> float:
+    """Return the ``ObjectHypothesis.score`` for ``box``: the model's, or 1.0 when it gave none.
+
+    ``Box2D.score`` is NaN when the model named the object without a confidence (Cosmos-Reason
+    rarely gives one). ``ObjectHypothesis.score`` has no "unknown", and consumers threshold on
+    it or keep the best one (Isaac ROS's Detection2DArrayFilter does), so 0.0 would drop every
+    unscored box: the model asserted the object, so it counts as certain. The raw score (or its
+    absence) stays in ``~/results``.
+    """
+    score = float(box.score)
+    return score if math.isfinite(score) else 1.0
+
+
+def detection_id(result_msg: ReasoningResult, index: int) -> str:
+    """``Detection2D.id`` of box ``index``: ``<goal_id>/<index>``, one rule for every box.
+
+    ``index`` is the box's position in ``result_msg.boxes``, so the id also finds the box (and
+    its raw score and flag) in ``~/results``; left-out boxes leave gaps, never renumbering.
+    Results without a goal id (periodic runs) use ``<origin>/<sec>.<nanosec>/<index>`` with the
+    source image stamp (``periodic/1700000000.000000123/0``). Unique within a message; a VLM
+    does not track objects, so an id names one answer's box, not a track.
+    """
+    if result_msg.goal_id:
+        return f"{result_msg.goal_id}/{index}"
+    stamp = result_msg.header.stamp
+    return f"{result_msg.origin or 'periodic'}/{stamp.sec}.{stamp.nanosec:09d}/{index}"
+
+
 def to_detection_array(result_msg: ReasoningResult, vision_msgs_module: Any) -> Any:
-    """Build a ``Detection2DArray`` with one ``Detection2D`` per box of ``result_msg``.
+    """Build a ``Detection2DArray`` with one ``Detection2D`` per non-degenerate box.
 
     Every header is a copy of the result's header (the source image's stamp and frame_id), so
     detections line up with the image they were found in. Per box: ``bbox`` centre and size in
     original-image pixels (axis-aligned, ``theta`` 0); one hypothesis with ``class_id`` = the
-    label and ``score`` = the model's confidence; ``id`` = the label, or the box index when the
-    label is empty. A VLM does not track objects, so ``id`` names what was found, not a track;
-    two boxes with one label share it.
-
-    ``Box2D.score`` is NaN when the model gave no confidence (Cosmos-Reason rarely does);
-    ``ObjectHypothesis.score`` has no "unknown" value, so NaN becomes 0.0. Consumers that
-    threshold on score will therefore drop unscored boxes; the real score (or its absence)
-    stays in ``~/results``.
+    label and ``score`` from :func:`detection_score`; ``id`` from :func:`detection_id`.
+    Degenerate boxes are left out (:func:`is_detection`, counted by :func:`boxes_left_out`).
     """
     vm = vision_msgs_module
     array = vm.Detection2DArray()
     array.header = source_header(result_msg.header)
     detections = []
     for index, box in enumerate(result_msg.boxes):
+        if not is_detection(box):
+            continue
         detection = vm.Detection2D()
         detection.header = source_header(result_msg.header)
         detection.bbox.center.position.x = (float(box.x_min) + float(box.x_max)) / 2.0
@@ -59,10 +104,9 @@ def to_detection_array(result_msg: ReasoningResult, vision_msgs_module: Any) -> 
         detection.bbox.size_y = float(box.y_max) - float(box.y_min)
         hypothesis = vm.ObjectHypothesisWithPose()
         hypothesis.hypothesis.class_id = box.label
-        score = float(box.score)
-        hypothesis.hypothesis.score = score if math.isfinite(score) else 0.0
+        hypothesis.hypothesis.score = detection_score(box)
         detection.results = [hypothesis]
-        detection.id = box.label or str(index)
+        detection.id = detection_id(result_msg, index)
         detections.append(detection)
     array.detections = detections
     return array

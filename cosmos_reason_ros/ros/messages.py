@@ -17,7 +17,8 @@ from cosmos_reason_interfaces.msg import (
     TemporalSpan,
     Trajectory2D,
 )
-from cosmos_reason_ros.core.imaging import rgb_to_image_fields
+from cosmos_reason_ros.core.imaging import ImageMessage, rgb_to_image_fields
+from cosmos_reason_ros.core.pipeline import GoalFields, GoalRun
 from cosmos_reason_ros.core.types import (
     CosmosReasonError,
     ErrorCode,
@@ -106,3 +107,46 @@ def rgb_image(rgb: Any, header: Header) -> Image:
 def stamps(stamps_ns: Sequence[int]) -> list[Time]:
     """Frame stamps for ``ReasoningResult.frame_stamps``."""
     return [ns_to_stamp(s) for s in stamps_ns]
+
+
+def fill_run(msg: ReasoningResult, run: GoalRun) -> None:
+    """Copy what a pipeline run produced: source header, frames, outcome (partial too), times.
+
+    Call ``fill_error`` after it for a run that ended in an error: the code and message go on
+    top of whatever text and token counts were generated before the stop.
+    """
+    msg.preprocess_s = run.preprocess_s
+    msg.time_to_first_token_s = run.time_to_first_token_s
+    if run.media is None:
+        return
+    msg.header = Header(stamp=ns_to_stamp(run.media.header_stamp_ns),
+                        frame_id=run.media.frame_id)
+    msg.frame_stamps = stamps(run.media.stamps_ns)
+    if run.outcome is not None:
+        fill_outcome(msg, run.outcome, run.media.prepared.geometry, run.media.clip_start_ns)
+
+
+def _image_message(image: Image) -> ImageMessage:
+    return ImageMessage(stamp_ns=stamp_to_ns(image.header.stamp), frame_id=image.header.frame_id,
+                        width=image.width, height=image.height, encoding=image.encoding,
+                        is_bigendian=bool(image.is_bigendian), step=image.step, data=image.data)
+
+
+def goal_fields(goal: Any) -> GoalFields:
+    """Return a ``Reason.Goal`` in the pipeline's plain form (the goal's own image converted)."""
+    has_image = bool(goal.image.data) or goal.image.width > 0 or goal.image.height > 0
+    has_compressed = len(goal.compressed_image.data) > 0
+    image = None
+    if has_compressed:
+        c = goal.compressed_image
+        image = ImageMessage(stamp_ns=stamp_to_ns(c.header.stamp), frame_id=c.header.frame_id,
+                             data=bytes(c.data), compressed_format=c.format)
+    elif has_image:
+        image = _image_message(goal.image)
+    return GoalFields(
+        task=goal.task, prompt=goal.prompt, targets=tuple(goal.targets),
+        reasoning=goal.reasoning, source=goal.source, max_image_age_s=goal.max_image_age_s,
+        wait_for_image_s=goal.wait_for_image_s, clip_duration_s=goal.clip_duration_s,
+        clip_fps=goal.clip_fps, response_schema=goal.response_schema,
+        max_tokens=goal.max_tokens, temperature=goal.temperature, greedy=goal.greedy,
+        timeout_s=goal.timeout_s, image=image, images_in_goal=int(has_image) + int(has_compressed))

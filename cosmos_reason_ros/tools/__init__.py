@@ -1,1 +1,1 @@
-"""Console entry points: node, query, replay, bench, demo, tiny model builder."""
+"""Thin console entry points: query, demo, tiny_model (replay is in eval/, bench in bench/)."""

@@ -32,7 +32,7 @@ import threading
 import time
 from pathlib import Path
 
-from cosmos_reason_ros.tools import demo_recording
+from cosmos_reason_ros.eval import demo_recording
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_SCENARIO = REPO_ROOT / "config" / "scenarios" / "demo.yaml"
@@ -86,7 +86,7 @@ def stop_node(proc: subprocess.Popen) -> int | None:
 
 def run(args: argparse.Namespace, model: str, preset: str) -> int:
     """Run the demo; return the exit status (the replay's: 0 pass, 1 regression, ...)."""
-    from cosmos_reason_ros.tools.replay import ReplayConfig, ReplayError, print_summary, run_replay
+    from cosmos_reason_ros.eval.replay import ReplayConfig, ReplayError, print_summary, run_replay
 
     t0 = time.monotonic()
     out: Path = args.out
@@ -130,7 +130,7 @@ def run(args: argparse.Namespace, model: str, preset: str) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Parse arguments and run the demo."""
-    from cosmos_reason_ros.tools.replay import parse_rate
+    from cosmos_reason_ros.eval.replay import parse_rate
 
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)

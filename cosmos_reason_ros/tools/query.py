@@ -4,12 +4,21 @@
     ros2 run cosmos_reason_ros query --task ground --targets "red cup" --image cup.jpg
 
 The streamed model text goes to stderr as it arrives; the final result goes to stdout as one
-JSON object (so ``| jq`` works). Exit status: 0 succeeded, 1 aborted/canceled, 2 usage error.
+JSON object (so ``| jq`` works). Exit status: 0 succeeded, 1 aborted/canceled/no answer in
+time, 2 usage error.
+
+Two time limits, kept apart:
+  --goal-timeout S  the goal's own limit (its timeout_s): the node aborts the goal with TIMEOUT
+                    after S seconds; 0 (default) = the node's limits.goal_timeout_s.
+  --timeout S       how long this command waits, for the action server and then the result;
+                    when it passes, the goal is cancelled and the command exits 1. Make it
+                    longer than the goal's limit to see the node's own TIMEOUT result.
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import math
 import sys
@@ -17,6 +26,9 @@ from pathlib import Path
 from typing import Any
 
 SOURCES = {"latest": 0, "next": 1, "clip": 2}
+# The client's default wait: longer than the node's default goal limit (120 s), so a goal
+# that runs out of time ends with the node's TIMEOUT result rather than a cancel from here.
+WAIT_S = 150.0
 
 
 def message_to_dict(msg: Any) -> Any:
@@ -52,7 +64,12 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--max-tokens", type=int, default=0)
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--greedy", action="store_true")
-    ap.add_argument("--timeout", type=float, default=120.0, help="seconds to wait")
+    ap.add_argument("--timeout", type=float, default=WAIT_S, metavar="S",
+                    help="seconds this command waits for the server and the result; the goal "
+                    "is cancelled when they pass (default: %(default)s)")
+    ap.add_argument("--goal-timeout", type=float, default=0.0, metavar="S",
+                    help="the goal's timeout_s: the node aborts it with TIMEOUT after S "
+                    "seconds (default 0: the node's limits.goal_timeout_s)")
     ap.add_argument("--action", default="/cosmos_reason/reason", help="action name")
     ap.add_argument("--quiet", action="store_true", help="do not stream text to stderr")
     return ap
@@ -70,7 +87,7 @@ def make_goal(args: argparse.Namespace) -> Any:
     goal = Reason.Goal(prompt=args.prompt, task=args.task, targets=list(args.targets),
                        reasoning=args.reasoning, response_schema=schema,
                        max_tokens=args.max_tokens, temperature=args.temperature,
-                       greedy=args.greedy, timeout_s=float(args.timeout))
+                       greedy=args.greedy, timeout_s=float(args.goal_timeout))
     if args.image is not None:
         suffix = args.image.suffix.lower().lstrip(".")
         goal.compressed_image = CompressedImage(
@@ -86,26 +103,35 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     import rclpy
 
-    from cosmos_reason_ros.client import ReasonClient
+    from cosmos_reason_ros.client import ReasonClient, ServerUnavailableError
 
     try:
         goal = make_goal(args)
     except OSError as e:
         print(f"query: {e}", file=sys.stderr)
         return 2
+    if args.timeout <= 0 or args.goal_timeout < 0:
+        print("query: --timeout must be > 0 and --goal-timeout >= 0", file=sys.stderr)
+        return 2
     rclpy.init()
     try:
         with ReasonClient(args.action) as client:
-            if not client.wait_for_server(min(args.timeout, 30.0)):
-                print(f"query: no action server at {args.action}", file=sys.stderr)
-                return 1
 
             def on_feedback(fb: Any) -> None:
                 if fb.text_delta and not args.quiet:
                     sys.stderr.write(fb.text_delta)
                     sys.stderr.flush()
 
-            result = client.run(goal, timeout_s=args.timeout + 10.0, on_feedback=on_feedback)
+            try:
+                # One deadline for the server's discovery and the result.
+                result = client.run(goal, timeout_s=args.timeout, on_feedback=on_feedback)
+            except ServerUnavailableError as e:
+                print(f"query: {e} (--timeout {args.timeout:g} s)", file=sys.stderr)
+                return 1
+            except (TimeoutError, concurrent.futures.TimeoutError):
+                print(f"query: no result within --timeout {args.timeout:g} s; the goal was "
+                      f"cancelled", file=sys.stderr)
+                return 1
         if not args.quiet:
             sys.stderr.write("\n")
         out = {"status": result.status, **message_to_dict(result.message)}

@@ -7,8 +7,9 @@ tokens, and saves a few-MB model with deterministic random weights.
 
 Usage::
 
-    cosmos-reason-tiny-model --arch qwen3_vl --out DIR      # build into DIR
-    cosmos-reason-tiny-model --arch qwen3_vl --cache        # build once, print the cached path
+    ros2 run cosmos_reason_ros tiny_model --arch qwen3_vl --out DIR   # build into DIR
+    ros2 run cosmos_reason_ros tiny_model --arch qwen3_vl --cache     # build once, print path
+    python -m cosmos_reason_ros.tools.tiny_model --cache              # the same from a checkout
 
 ``ensure_tiny_model(arch)`` returns a cached directory keyed by this file's content, so tests
 and the demo build each architecture once per machine.
@@ -497,6 +498,7 @@ def ensure_tiny_model(arch: str = "qwen3_vl", cache_root: Path | None = None) ->
 def main(argv: list[str] | None = None) -> int:
     """Command line: build into --out, or into the cache with --cache (prints the path)."""
     ap = argparse.ArgumentParser(
+        prog="tiny_model",  # the console script's name (setup.py), also under python -m
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--arch", choices=["qwen2_5_vl", "qwen3_vl"], default="qwen3_vl")

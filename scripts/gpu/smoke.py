@@ -10,7 +10,7 @@ any check failed. Checks:
 - ``ros``: rclpy init + a node; Reason action and ReasoningResult imports; a pub/sub round
   trip of ReasoningResult and sensor_msgs/Image over DDS (rmw_fastrtps_cpp, localhost); a
   Reason action round trip (goal -> feedback -> result) between two nodes.
-- ``pkg``: cosmos_reason_ros imports (core, engines, ros.node, client, tools.bench).
+- ``pkg``: cosmos_reason_ros imports (core, engines, ros.node, client, bench).
 - ``node``: ``python -m cosmos_reason_ros.ros.node`` as a process (openai engine pointed at a
   closed port): its ``~/reason`` action answers a goal with ENGINE_UNAVAILABLE; SIGTERM ends it.
 - ``vllm``: ``import vllm`` (time, version), torch + CUDA, and the vLLM names
@@ -195,12 +195,10 @@ def pkg_imports():
             "cosmos_reason_ros.engines.factory", "cosmos_reason_ros.engines.vllm_local",
             "cosmos_reason_ros.engines.openai_http"]
     ros_mods = ["cosmos_reason_ros.ros.node", "cosmos_reason_ros.client",
-                "cosmos_reason_ros.tools.bench", "cosmos_reason_ros.tools.bench_baseline"]
+                "cosmos_reason_ros.bench.runner", "cosmos_reason_ros.bench.baseline"]
     have_ros = importlib.util.find_spec("rclpy") is not None
     for m in mods + (ros_mods if have_ros else []):
         if importlib.util.find_spec(m) is None:
-            if m.endswith(("bench", "bench_baseline")):
-                continue  # tools that may not exist in this checkout
             raise ImportError(f"{m} not found")
         importlib.import_module(m)
     import cosmos_reason_ros

@@ -368,6 +368,27 @@ def test_detect_profile_unknown_name_without_config_asks_for_the_family():
         detect_profile("some/model")
 
 
+def test_detect_profile_mistyped_path_says_the_path_does_not_exist(tmp_path):
+    (tmp_path / "models" / "Cosmos-Reason2-2B").mkdir(parents=True)
+    typo = tmp_path / "models" / "my-finetune"  # a name that names no family
+    with pytest.raises(BadRequestError) as e:
+        detect_profile(str(typo))
+    message = e.value.message
+    assert f"no such directory {typo} (looked for {typo / 'config.json'}" in message
+    assert f"nearest existing folder is {tmp_path / 'models'}, holding: Cosmos-Reason2-2B" \
+        in message
+    assert "cannot detect" not in message
+    with pytest.raises(BadRequestError, match=r"'/nonexistent/model': no such directory "
+                                              r"/nonexistent/model \(looked for "
+                                              r"/nonexistent/model/config\.json"):
+        detect_profile("/nonexistent/model")
+    # Not a path: a hub-style name still asks for the family.
+    with pytest.raises(BadRequestError, match="cannot detect the model family"):
+        detect_profile("org/weights")
+    # A missing path the name identifies (e.g. a served model name) still resolves.
+    assert detect_profile("/models/Cosmos-Reason2-2B") is COSMOS_REASON2
+
+
 def test_detect_profile_directory_without_config_falls_back_to_the_name(tmp_path):
     directory = tmp_path / "cosmos-reason1-local"
     directory.mkdir()

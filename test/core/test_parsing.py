@@ -1,4 +1,4 @@
-"""Tests for core/parsing.py: the hazards from MISSION.md, each shape, and never-raises."""
+"""Tests for core/parsing.py: the output hazards its docstring lists, each shape, never-raises."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from cosmos_reason_ros.core.parsing import (
     find_json,
     parse_output,
     parse_timestamp,
+    read_count,
     read_verdict,
     split_reasoning,
 )
@@ -519,6 +520,92 @@ def test_read_verdict(text, verdict):
 def test_verify_without_verdict_is_reported():
     out = parse_output("Hard to say.", task=Task.VERIFY)
     assert "no yes/no verdict found in the answer" in out.problems
+
+
+# --- counts ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "count", "answer_json"),
+    [
+        ('{"count": 3}', 3, '{"count":3}'),
+        ('```json\n{"count": 0}\n```', 0, '{"count":0}'),
+        ('<think>2 red cups and 3 blue ones, so 5.</think>\n\n{"count": 5}', 5, '{"count":5}'),
+        ('<think>x</think><answer>{"Count": "4"}</answer>', 4, '{"Count":"4"}'),  # Reason1
+        ('{"total": 2.0}', 2, '{"total":2.0}'),
+        ('[{"label": "cup", "count": 2}, {"label": "plate", "count": 1}]', 3, None),
+        # Prose only: the count becomes the result's JSON.
+        ("3", 3, '{"count":3}'),
+        ("There are 3 red cups on the table; 3 in all.", 3, '{"count":3}'),
+        ("<think>maybe 4, maybe 6</think>I can see two cups.", 2, '{"count":2}'),
+        ("货架上有3个杯子。", 3, '{"count":3}'),
+    ],
+)
+def test_count_answers_are_read(text, count, answer_json):
+    out = parse_output(text, task=Task.COUNT)
+    assert read_count(out) == count
+    assert "count" in out.found
+    if answer_json is not None:
+        assert out.answer_json == answer_json
+    assert not any("count" in p for p in out.problems)
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ('{"count": -1}', "count -1 is not a whole number in 0..2147483647"),
+        ('{"count": 2.5}', "count 2.5 is not a whole number"),
+        ('{"count": "many"}', "count 'many' is not a whole number"),
+        ('{"count": true}', "count True is not a whole number"),
+        ('{"count": 1e12}', "count 1000000000000.0 is not a whole number"),
+        ('[{"count": 2}, {"count": -2}]', "count -2 is not a whole number"),
+        ('{"cups": 3}', None),
+        ("I see 2 cups and 3 plates.", "count is ambiguous: the answer names several numbers "
+                                       "(2, 3)"),
+        ("About 2.5 cups.", None),
+        ("I cannot tell.", None),
+    ],
+)
+def test_bad_count_answers_are_problems_not_errors(text, problem):
+    out = parse_output(text, task=Task.COUNT)
+    assert read_count(out) is None
+    assert "count" not in out.found
+    assert "no count found in the answer" in out.problems
+    if problem is not None:
+        assert any(p.startswith(problem) for p in out.problems), out.problems
+
+
+def test_count_cut_at_max_tokens_is_truncated_without_a_count():
+    # The number itself may be cut ("1" of "12"), so a repaired JSON keeps no count.
+    out = parse_output('<think>x</think>{"count": 1', task=Task.COUNT,
+                       finish_reason=FinishReason.LENGTH)
+    assert out.truncated and read_count(out) is None
+    assert "no count found in the answer" in out.problems
+    cut_in_reasoning = parse_output("<think>There are 3", task=Task.COUNT,
+                                    finish_reason=FinishReason.LENGTH)
+    assert cut_in_reasoning.truncated and read_count(cut_in_reasoning) is None
+    assert cut_in_reasoning.answer_json is None
+    fenced = parse_output('```json\n{"count": 4}', task=Task.COUNT)  # fence never closed
+    assert fenced.truncated and read_count(fenced) == 4
+
+
+def test_prose_counts_are_read_only_for_the_count_task():
+    # Other tasks keep their answers as they were: no count, no JSON made up.
+    for task in (None, Task.VQA, Task.VERIFY):
+        out = parse_output("There are 3 cups.", task=task)
+        assert "count" not in out.found and out.answer_json is None
+    assert read_count("There are 3 cups.") == 3  # the helper still reads prose
+
+
+@settings(max_examples=100, deadline=None, database=None)
+@given(n=st.integers(0, 1000), fence=st.booleans(),
+       reasoning=st.text(st.characters(blacklist_characters="<>"), max_size=30))
+def test_any_schema_shaped_count_round_trips(n, fence, reasoning):
+    body = json.dumps({"count": n})
+    text = f"```json\n{body}\n```" if fence else body
+    out = parse_output(f"<think>{reasoning}</think>{text}", task=Task.COUNT)
+    assert read_count(out) == n
+    assert json.loads(out.answer_json) == {"count": n}
 
 
 # --- never raises ---------------------------------------------------------------------------

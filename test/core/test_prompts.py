@@ -26,6 +26,7 @@ from cosmos_reason_ros.core.types import (
     BadRequestError,
     ContentPart,
     CoordinateConvention,
+    ErrorCode,
     Message,
     Task,
 )
@@ -51,6 +52,7 @@ GOALS = {
     Task.NEXT_ACTION: ("", (), False),
     Task.VERIFY: ("Did the gripper pick up the part?", (), False),
     Task.TEMPORAL: ("", (), True),
+    Task.COUNT: ("", ("red cup",), False),
 }
 
 
@@ -328,6 +330,69 @@ def test_temporal_asks_for_mm_ss_ff_spans_and_needs_a_clip():
         build_request_messages(COSMOS_REASON2, "temporal", "")
 
 
+def test_count_asks_how_many_and_for_a_count_json():
+    text = user_text(build_request_messages(COSMOS_REASON2, "count", "", ["red cup"]))
+    assert text == (
+        'How many red cup are visible in the image? Return a json like {"count": <number>}, '
+        "with 0 if there are none."
+    )
+
+
+def test_count_several_targets_asks_for_the_total_and_keeps_the_prompt():
+    text = user_text(build_request_messages(
+        COSMOS_REASON1, "count", "Only on the top shelf.", ["cup", " plate ", ""], n_images=0,
+        video=True,
+    ))
+    assert text == (
+        'How many cup and plate are visible in the video in total? Return a json like '
+        '{"count": <number>}, with 0 if there are none.\nOnly on the top shelf.'
+    )
+
+
+@pytest.mark.parametrize("profile", ALL_PROFILES, ids=PROFILE_IDS)
+def test_count_wording_is_the_same_for_every_model_family(profile):
+    # No coordinates in the answer, so nothing differs between 0-1000 and pixel models.
+    assert user_text(build_request_messages(profile, "count", "", ["cup"])) == user_text(
+        build_request_messages(COSMOS_REASON2, "count", "", ["cup"])
+    )
+
+
+@pytest.mark.parametrize("targets", [(), ("",), ("  ",)])
+def test_count_needs_targets(targets):
+    with pytest.raises(BadRequestError,
+                       match="targets is empty; task 'count' needs at least one object to count"):
+        build_request_messages(COSMOS_REASON2, "count", "How many?", targets)
+
+
+def test_count_schema_is_one_bounded_non_negative_integer():
+    schema = task_schema("count", ["cup"], CoordinateConvention.INPUT_PIXELS, (644, 476))
+    assert schema == {
+        "type": "object",
+        "properties": {"count": {"type": "integer", "minimum": 0, "maximum": 1000}},
+        "required": ["count"],
+        "additionalProperties": False,
+    }
+    schema["properties"]["count"]["maximum"] = 5  # callers get a fresh copy every time
+    assert task_schema("count")["properties"]["count"]["maximum"] == 1000
+
+
+def test_count_schema_accepts_counts_and_rejects_others():
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = task_schema("count")
+    for good in ({"count": 0}, {"count": 7}, {"count": 1000}):
+        jsonschema.validate(good, schema)
+    for bad in ({"count": -1}, {"count": 1001}, {"count": 2.5}, {"count": "3"}, {},
+                {"count": 3, "label": "cup"}, [{"count": 3}]):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(bad, schema)
+
+
+@pytest.mark.parametrize("profile", ALL_PROFILES, ids=PROFILE_IDS)
+def test_count_uses_the_default_presets_not_the_grounding_one(profile):
+    assert sampling_for(profile, "count", False) == profile.sampling_plain
+    assert sampling_for(profile, "count", True) == profile.sampling_reasoning
+
+
 # --- goal validation ------------------------------------------------------------------------
 
 
@@ -404,7 +469,7 @@ def assert_bounded(schema, path="#"):
         raise AssertionError(f"unexpected schema at {path}: {schema}")
 
 
-STRUCTURED = [Task.GROUND, Task.POINT, Task.TRAJECTORY, Task.VERIFY, Task.TEMPORAL]
+STRUCTURED = [Task.GROUND, Task.POINT, Task.TRAJECTORY, Task.VERIFY, Task.TEMPORAL, Task.COUNT]
 
 
 @pytest.mark.parametrize("task", [Task.VQA, Task.CAPTION, Task.NEXT_ACTION])
@@ -615,10 +680,22 @@ def test_overrides_replace_preset_values():
 
 @pytest.mark.parametrize("unset", [0, -1, -100])
 def test_zero_or_negative_overrides_mean_preset(unset):
+    # max_tokens: only 0 means the preset (a negative one is refused, see below).
     sampling = sampling_for(
-        COSMOS_REASON1, "vqa", True, max_tokens=unset, temperature=unset, top_p=unset, seed=unset
+        COSMOS_REASON1, "vqa", True, max_tokens=0, temperature=unset, top_p=unset, seed=unset
     )
     assert sampling == COSMOS_REASON1.sampling_reasoning
+
+
+@pytest.mark.parametrize("max_tokens", [-1, -5, -(2**31)])
+def test_negative_max_tokens_is_a_bad_request_naming_the_field(max_tokens):
+    # Issue 17: -5 used to fall back to the preset; the action documents 0 and 1..limit only.
+    with pytest.raises(BadRequestError) as info:
+        sampling_for(COSMOS_REASON2, "vqa", False, max_tokens=max_tokens, max_tokens_cap=512)
+    assert info.value.code is ErrorCode.BAD_REQUEST
+    assert info.value.message == (
+        f"max_tokens={max_tokens} is negative; allowed 1..512, or 0 for the model preset"
+    )
 
 
 def test_preset_max_tokens_is_capped_but_explicit_excess_is_an_error():

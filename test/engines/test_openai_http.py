@@ -50,6 +50,7 @@ from cosmos_reason_ros.engines.openai_http import (
     OpenAIServerConfig,
     OpenAIServerEngine,
     SSEParser,
+    output_token_limit,
 )
 
 SERVER_START_TIMEOUT_S = 300.0  # measured 40-70 s on a loaded 2-core machine
@@ -612,6 +613,180 @@ def test_stalled_stream_hits_read_timeout() -> None:
             with pytest.raises(EngineUnavailableError, match="stalled"):
                 await collect(engine, image_request())
             assert time.monotonic() - t0 < 10  # not the server's 30 s
+    run(body())
+
+
+# --- servers that ignore max_tokens ---------------------------------------------------------------
+
+
+ENGINE_LOG = "cosmos_reason_ros.engines.openai_http"
+
+
+class EndlessChat:
+    """A server that ignores ``max_tokens`` and streams until the client goes away.
+
+    ``kind``: ``text`` (one word per event, ~1000 events/s), ``reasoning`` (ten reasoning
+    deltas, then text), ``big`` (5000 characters per event), ``usage`` (two characters per
+    event but ``usage.completion_tokens`` growing by 5), ``line`` (one SSE line that never
+    ends).
+    """
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self.events = 0
+        self.bytes = 0
+        self.passed_bound_at: float | None = None  # when the first event past it was sent
+        self.gone = asyncio.Event()  # the handler ended: the client disconnected
+
+    async def __call__(self, request: web.Request) -> web.StreamResponse:
+        limit = output_token_limit((await request.json())["max_tokens"])
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        try:
+            if self.kind == "line":
+                await resp.write(b"data: ")
+                while True:
+                    await resp.write(b"x" * 4096)
+                    self.bytes += 4096
+                    await asyncio.sleep(0)
+            while True:
+                self.events += 1
+                if self.kind == "big":
+                    event = delta_event(content="x" * 5000)
+                elif self.kind == "usage":
+                    event = sse({"choices": [{"index": 0, "delta": {"content": "ab"}}],
+                                 "usage": {"completion_tokens": 5 * self.events}})
+                elif self.kind == "reasoning" and self.events <= 10:
+                    event = delta_event(reasoning="hmm ")
+                else:
+                    event = delta_event(content="word ")
+                if self.events == limit + 1:
+                    self.passed_bound_at = time.monotonic()
+                await resp.write(event)
+                self.bytes += len(event)
+                await asyncio.sleep(0.001)
+        finally:
+            self.gone.set()
+
+
+def overrun_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == ENGINE_LOG
+            and r.levelno == logging.WARNING and "overran" in r.getMessage()]
+
+
+def test_output_token_limit_is_max_tokens_plus_a_small_margin() -> None:
+    assert [output_token_limit(n) for n in (1, 16, 64, 80, 1000)] == [9, 24, 72, 88, 1100]
+    assert output_token_limit(0) == 9  # a nonsense request still has a bound
+
+
+@pytest.mark.parametrize("kind", ["text", "reasoning", "big", "usage", "line"])
+def test_server_ignoring_max_tokens_ends_with_length_and_a_disconnect(
+    kind: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger=ENGINE_LOG)
+    limit = output_token_limit(16)  # 24
+
+    async def body() -> None:
+        endless = EndlessChat(kind)
+        async with FakeServer(endless) as fake, engine_for(fake_cfg(fake)) as engine:
+            chunks = await asyncio.wait_for(collect(engine, image_request(max_tokens=16)), 30)
+            ended_at = time.monotonic()
+            # The server sees the client go away (vLLM aborts the request on a disconnect).
+            await asyncio.wait_for(endless.gone.wait(), 5)
+            last = chunks[-1]
+            assert last.finish_reason is FinishReason.LENGTH
+            assert all(c.finish_reason is None for c in chunks[:-1])
+            text = "".join(c.text_delta for c in chunks)
+            reasoning = "".join(c.reasoning_delta for c in chunks)
+            if kind == "text":  # the partial answer comes back: exactly what the bound allows
+                assert text == "word " * limit and last.output_tokens == limit
+            elif kind == "reasoning":  # reasoning counts toward the same max_tokens
+                assert reasoning == "hmm " * 10 and text == "word " * (limit - 10)
+            elif kind == "big":  # one delta holding many tokens: cut at the character rule
+                assert text == "x" * (limit * 32) and last.output_tokens >= limit
+            elif kind == "usage":  # usage says 25 tokens after the fifth event
+                assert text == "ab" * 4 and last.output_tokens == 25
+            else:  # one endless line: bounded in bytes, nothing to return
+                assert text == "" and endless.bytes < 4 * 1024 * 1024
+            if endless.passed_bound_at is not None:
+                late = ended_at - endless.passed_bound_at
+                print(f"\n{kind}: ended {late * 1000:.1f} ms after the server passed the bound")
+                assert late < 1.0
+            warnings = overrun_warnings(caplog)
+            assert len(warnings) == 1 and fake.base in warnings[0], warnings
+            # Not a failure of the endpoint: it stays up and serves the next request.
+            assert engine._endpoints[0].up is True
+    run(body())
+
+
+def test_output_right_at_the_limit_is_never_cut(caplog: pytest.LogCaptureFixture) -> None:
+    """At the edge of every count (24 deltas, 24 x 32 characters, usage 24) nothing trips."""
+    caplog.set_level(logging.WARNING, logger=ENGINE_LOG)
+    limit = output_token_limit(16)
+
+    async def edge(request: web.Request) -> web.StreamResponse:
+        return await stream_events(request, [
+            *(delta_event(content=f"{i:02d}" + "y" * 30) for i in range(limit - 1)),
+            delta_event(content="z" * 32, finish="length"),
+            sse({"choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": limit}}),
+            b"data: [DONE]\n\n",
+        ], split=5)
+
+    async def body() -> None:
+        async with FakeServer(edge) as fake, engine_for(fake_cfg(fake)) as engine:
+            chunks = await collect(engine, image_request(max_tokens=16))
+            text = "".join(c.text_delta for c in chunks)
+            assert len(text) == limit * 32 and text.endswith("z" * 32)
+            assert (chunks[-1].finish_reason, chunks[-1].output_tokens,
+                    chunks[-1].prompt_tokens) == (FinishReason.LENGTH, limit, 9)
+
+    run(body())
+    assert overrun_warnings(caplog) == []
+
+
+def test_warm_up_against_a_server_ignoring_max_tokens_finishes_promptly(
+    caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger=ENGINE_LOG)
+
+    async def body() -> float:
+        endless = EndlessChat("text")
+        async with FakeServer(endless) as fake:
+            engine = OpenAIServerEngine(fake_cfg(fake, warmup=True))
+            try:
+                t0 = time.monotonic()
+                # Unbounded, the warm-up would read until request_timeout_s (600 s).
+                await asyncio.wait_for(engine.start(), 30)
+                took = time.monotonic() - t0
+                await asyncio.wait_for(endless.gone.wait(), 5)
+                assert fake.bodies[0]["max_tokens"] == 1
+                # The client stopped after the 10th event (unbounded: tens of thousands).
+                assert endless.events < output_token_limit(1) + 40
+                assert (await engine.health()).state == EngineState.READY
+            finally:
+                await engine.close()
+        assert any("warm-up done" in r.getMessage() for r in caplog.records)
+        assert len(overrun_warnings(caplog)) == 1
+        return took
+
+    took = run(body())
+    print(f"\nstart-up with warm-up against an endless server: {took:.3f}s")
+
+
+def test_error_body_that_never_ends_is_read_only_in_part() -> None:
+    async def endless_error(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(status=400, headers={"Content-Type": "application/json"})
+        await resp.prepare(request)
+        await resp.write(b'{"error": {"message": "temperature must be non-negative", "x": "')
+        while True:
+            await resp.write(b"y" * 4096)
+            await asyncio.sleep(0)
+
+    async def body() -> None:
+        async with FakeServer(endless_error) as fake, engine_for(fake_cfg(fake)) as engine:
+            with pytest.raises(BadRequestError, match="temperature must be"):
+                # read_timeout_s (30 s) would end a full read; the capped read ends at once.
+                await asyncio.wait_for(collect(engine, image_request()), 10)
     run(body())
 
 

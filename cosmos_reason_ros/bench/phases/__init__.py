@@ -1,0 +1,22 @@
+"""The bench's phases, one module each; each has ``run(bench, results)``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from cosmos_reason_ros.bench.phases import concurrency, ingest, latency, memory, prefill, second
+
+if TYPE_CHECKING:
+    from cosmos_reason_ros.bench.results import Results
+    from cosmos_reason_ros.bench.runner import Bench
+
+# In run order (Bench.run keeps this order and plans the time budget over it).
+PHASES: dict[str, Callable[[Bench, Results], None]] = {
+    "latency": latency.run,
+    "concurrency": concurrency.run,
+    "second": second.run,
+    "ingest": ingest.run,
+    "memory": memory.run,
+    "prefill": prefill.run,
+}

@@ -1,0 +1,447 @@
+"""``bench``: the node, the bare engine and the HTTP-client baseline, measured side by side.
+
+    bench --out out/bench                                   # CPU, the tiny model, every mode
+    bench --device gpu --model /root/m2b --time-budget-s 450 --out /tmp/bench
+    bench --modes engine,node --repeats 3 --sizes 640x480   # a quick look
+
+One process run starts what it needs, in parallel (starts are the slow part): the in-process
+vLLM engine (engine-only mode, in this process), the node as its own process
+(``python -m cosmos_reason_ros.ros.node``) and a ``vllm`` OpenAI server with the HTTP-client
+baseline node (``bench/baseline.py``). Then the modes run, interleaved request by request
+(round-robin, rotating order) so machine drift hits every mode alike:
+
+- ``engine``: the package's query pipeline and ``EngineRunner`` called directly (the floor);
+- ``node``: ReasonClient -> action -> node -> engine, the image from the camera topic;
+- ``baseline``: ask -> the baseline node JPEG-encodes, base64s and POSTs to ``vllm serve``;
+- ``concurrency``: 1, 2, 4, 8 (16 on GPU) simultaneous goals (and engine requests);
+- ``second``: a second question about the same frame (prefix / vision cache effect);
+- ``ingest``: camera callback cost, and the node's CPU share at 30 Hz 1080p with and without
+  goals running;
+- ``memory``: the node's RSS over 10 000 frames and 1 000 goals;
+- ``prefill``: goals on the latest frame of a 5 Hz camera with ``prefill.enabled`` on vs off:
+  one at a time (TTFT) and 8 at once (throughput); skipped, not failed, when the node has no
+  such parameter.
+
+Requests: images 640x480, 1280x720, 1920x1080 (a new deterministic picture for every request
+unless the mode is about reuse), a short answer (8 tokens), 128 and 512 output tokens with
+``ignore_eos`` (engine, baseline) so lengths are fixed, greedy decoding and fixed seeds.
+Every mode is wrapped: one that fails (ROS missing on a GPU host, a server that does not
+start) is recorded as an error and the others still run. ``bench.json`` (every sample) and
+``results.md`` are rewritten as results come in, so a run killed at its time limit still
+leaves data; the PNG plots are drawn at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import os
+import platform
+import random
+import signal
+import sys
+import time
+import traceback
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from cosmos_reason_ros.bench import stats as benchstats
+from cosmos_reason_ros.bench.engine_side import EngineBench
+from cosmos_reason_ros.bench.phases import PHASES
+from cosmos_reason_ros.bench.plots import plot
+from cosmos_reason_ros.bench.processes import (
+    Proc,
+    free_port,
+    start_node,
+    start_server,
+    wait_healthy,
+)
+from cosmos_reason_ros.bench.results import Budget, Results, atomic_write
+from cosmos_reason_ros.bench.ros_side import RosSide
+from cosmos_reason_ros.bench.workload import (
+    ALL_MODES,
+    BASELINE_TOPIC,
+    DEVICES,
+    LENGTHS,
+    NODE_TOPIC,
+    REPO_ROOT,
+    SERVED_NAME,
+    engine_settings,
+    parse_engine_args,
+    parse_size,
+    size_name,
+)
+from cosmos_reason_ros.ros.gcwatch import GcPauses, freeze_heap
+
+
+class Bench:
+    """Starts everything, runs the chosen modes within the budget, writes the results."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        """Keep the arguments; nothing starts yet."""
+        self.args = args
+        self.device = DEVICES[args.device]
+        self.modes = args.modes
+        self.sizes = args.sizes
+        self.lengths = {k: LENGTHS[k] for k in args.lengths}
+        self.budget = Budget(args.time_budget_s or self.device.time_budget_s)
+        self.engine: EngineBench | None = None
+        self.ros: RosSide | None = None
+        self.node_proc: Proc | None = None
+        self.server_proc: Proc | None = None
+        self.baseline_proc: Proc | None = None
+        self.available: dict[str, str] = {}  # part -> "" (up) or why it is not
+        self.prefill_param = False
+        self.seed = 1
+        self.gc_pauses = GcPauses().install()
+
+    def next_seed(self) -> int:
+        """Return a new picture / sampling seed (one per request)."""
+        self.seed += 1
+        return self.seed
+
+    def needs(self, part: str) -> bool:
+        """Whether any chosen mode needs ``part`` (engine, node, baseline)."""
+        m = set(self.modes)
+        if part == "engine":
+            return bool(m & {"engine", "concurrency", "second"})
+        if part == "node":
+            return bool(m & {"node", "concurrency", "second", "ingest", "memory", "prefill"})
+        return bool(m & {"baseline", "second"})
+
+    def start(self, results: Results) -> None:
+        """Start the node, the server and the in-process engine in parallel."""
+        a = self.args
+        log_dir = results.out / "logs"
+        log_dir.mkdir(exist_ok=True)
+        settings, extras = engine_settings(a.device, a.engine_args)
+        results.extra("engine_settings", {"settings": settings, "extras": extras})
+        max_goals = max(self.device.concurrency + (8,))
+        ros_error = ""
+        if self.needs("node") or self.needs("baseline"):
+            try:
+                import rclpy  # noqa: F401
+
+                from cosmos_reason_interfaces.action import Reason  # noqa: F401
+            except ImportError as e:
+                ros_error = f"ROS 2 is not importable here: {e}"
+        if self.needs("node"):
+            if ros_error:
+                self.available["node"] = ros_error
+            else:
+                self.node_proc = start_node(a.model, a.device, settings, extras, log_dir,
+                                            max_goals)
+        port = free_port()
+        if self.needs("baseline"):
+            if ros_error:
+                self.available["baseline"] = ros_error
+            else:
+                self.server_proc = start_server(a.model, settings, extras, port, log_dir)
+        starts: dict[str, float] = {}
+        if self.needs("engine"):
+            try:
+                self.engine = EngineBench(a.model, settings, extras)
+                self.engine.start(timeout_s=max(1.0, self.budget.left()))
+                starts["engine"] = self.engine.start_s or 0.0
+                self.available["engine"] = ""
+            except Exception as e:  # noqa: BLE001 - the other parts may still run
+                self.available["engine"] = f"{type(e).__name__}: {e}"
+                self.engine = None
+        if self.node_proc is not None or self.server_proc is not None:
+            try:
+                self.ros = RosSide()
+            except Exception as e:  # noqa: BLE001
+                self.available.setdefault("node", f"ROS side failed: {e!r}")
+                self.available.setdefault("baseline", f"ROS side failed: {e!r}")
+        deadline = self.budget.deadline - self.budget.reserve_s
+        if self.node_proc is not None and self.ros is not None:
+            try:
+                starts["node"] = self.node_proc.wait_line("]: ready: ", deadline)
+                if not self.ros.wait_subscribers(NODE_TOPIC, 60) \
+                        or not self.ros.client.wait_for_server(60):
+                    raise RuntimeError("the node's camera subscription / action server was not "
+                                       "discovered within 60 s")
+                self.available["node"] = ""
+                self.prefill_param = self.ros.get_param("prefill.enabled") is not None
+                if self.prefill_param:  # the plain modes measure the node without prefill
+                    self.ros.set_param("prefill.enabled", False)
+            except Exception as e:  # noqa: BLE001
+                self.available["node"] = f"{type(e).__name__}: {e}"
+        if self.server_proc is not None and self.ros is not None:
+            try:
+                starts["server"] = wait_healthy(self.server_proc, port, deadline)
+                self.baseline_proc = Proc("baseline", [
+                    sys.executable, "-m", "cosmos_reason_ros.bench.baseline", "--url",
+                    f"http://127.0.0.1:{port}/v1", "--model", SERVED_NAME, "--reliable",
+                    "--ros-args", "-r", f"image:={BASELINE_TOPIC}",
+                ], log_dir)
+                self.baseline_proc.wait_line("ready: url=", deadline)
+                if not self.ros.wait_baseline(60):
+                    raise RuntimeError("the baseline node was not discovered within 60 s")
+                self.available["baseline"] = ""
+            except Exception as e:  # noqa: BLE001
+                self.available["baseline"] = f"{type(e).__name__}: {e}"
+        if self.needs("engine") and self.engine is None and self.budget.left() > 60:
+            # Three engines loading at once on one GPU can trip vLLM's memory profiling (it
+            # sees the others' allocations); once the others are up, one retry usually works.
+            first_error = self.available.get("engine", "")
+            try:
+                self.engine = EngineBench(a.model, settings, extras)
+                self.engine.start(timeout_s=max(1.0, self.budget.left()))
+                starts["engine_retry"] = self.engine.start_s or 0.0
+                self.available["engine"] = ""
+                results.extra("engine_first_start_error", first_error)
+            except Exception as e:  # noqa: BLE001
+                self.available["engine"] = f"{first_error}; retry: {type(e).__name__}: {e}"
+                self.engine = None
+        results.extra("start_s", starts)
+        results.extra("available", dict(self.available))
+        # The in-process engine is the floor the node is compared with: freeze its start-up
+        # heap as the node does (engine.freeze_heap); run I, unfrozen, had bench-process
+        # collections of up to 0.4 s. Pauses are counted from here on, like the node's.
+        frozen, freeze_s = freeze_heap()
+        self.gc_pauses.reset()
+        results.extra("bench_heap_frozen", {"objects": frozen, "seconds": round(freeze_s, 3)})
+        results.extra("start_done_s", time.monotonic() - self.budget.t0)
+
+    def up(self, part: str) -> bool:
+        """Whether ``part`` started."""
+        return self.available.get(part) == ""
+
+    def close(self) -> None:
+        """Stop everything this run started (each step bounded)."""
+        for proc in (self.baseline_proc, self.node_proc, self.server_proc):
+            if proc is not None:
+                with contextlib.suppress(Exception):
+                    proc.stop()
+        if self.ros is not None:
+            with contextlib.suppress(Exception):
+                self.ros.close()
+        if self.engine is not None:
+            with contextlib.suppress(Exception):
+                self.engine.close()
+
+    def run_one(self, mode: str, rgb: np.ndarray, stamp_ns: int, prompt: str, max_tokens: int,
+                seed: int) -> dict[str, Any]:
+        """One request in ``mode`` about ``rgb`` (already published for node/baseline)."""
+        try:
+            if mode == "engine":
+                assert self.engine is not None
+                out = self.engine.submit(rgb, prompt, max_tokens)()
+            elif mode == "node":
+                assert self.ros is not None
+                out = self.ros.node_submit(prompt, max_tokens)()
+            else:
+                assert self.ros is not None
+                out = self.ros.baseline_request(prompt, max_tokens, seed)
+        except Exception as e:  # noqa: BLE001 - one failed request is a sample, not a crash
+            return {"ok": False, "error": f"{type(e).__name__}: {e}"}
+        if out.get("ok") and mode != "engine" and out.get("stamp_ns") != stamp_ns:
+            out["ok"] = False
+            out["error"] = f"answered about frame {out.get('stamp_ns')} instead of {stamp_ns}"
+        return out
+
+    def publish_frame(self, modes: Sequence[str], rgb: np.ndarray) -> int:
+        """Publish ``rgb`` to the cameras of the node and/or baseline; return its stamp."""
+        assert self.ros is not None or not ({"node", "baseline"} & set(modes))
+        if self.ros is None:
+            return 0
+        stamp = self.ros.now_ns()
+        msg = self.ros.image_msg(rgb, stamp)
+        if "node" in modes:
+            self.ros.publish(NODE_TOPIC, msg)
+        if "baseline" in modes:
+            self.ros.publish(BASELINE_TOPIC, msg)
+        return stamp
+
+    def run(self, results: Results) -> None:
+        """Start, run each phase wrapped, stop."""
+        try:
+            self.start(results)
+            phases = [p for p in PHASES
+                      if (p == "latency" and {"engine", "node", "baseline"} & set(self.modes))
+                      or p in self.modes]
+            self.budget.plan(phases)
+            results.extra("slices_s", self.budget.slices)
+            needs_node = {"ingest", "memory", "prefill"}
+            for phase in phases:
+                if self.budget.left() <= 0:
+                    for m in ([phase] if phase != "latency" else ["engine", "node", "baseline"]):
+                        if m in self.modes:
+                            results.mode(m, status="skipped", reason="time budget spent")
+                    continue
+                if phase in needs_node and not self.up("node"):
+                    results.mode(phase, status="error",
+                                 error=f"node not available: {self.available.get('node')}")
+                    continue
+                t0 = time.monotonic()
+                try:
+                    PHASES[phase](self, results)
+                except Exception as e:  # noqa: BLE001 - record and go on with the next mode
+                    results.mode(phase, status="error", error=f"{type(e).__name__}: {e}",
+                                 traceback=traceback.format_exc()[-3000:])
+                elapsed = results.data["extra"].get("phase_elapsed_s", {})
+                results.extra("phase_elapsed_s", {**elapsed, phase: time.monotonic() - t0})
+                # Later phases get what this one left unused.
+                rest = phases[phases.index(phase) + 1:]
+                if rest:
+                    self.budget.plan(rest)
+        finally:
+            # Collector pauses stop every thread: the bench's own (client side) and the
+            # node's (from its last /diagnostics) explain goals delayed outside the engine.
+            node_diag = self.ros.diag() if self.ros is not None else {}
+            results.extra("gc", {"bench": dataclasses.asdict(self.gc_pauses.stats()),
+                                 "node": {k: v for k, v in node_diag.items()
+                                          if k.startswith("gc_")}})
+            t_close = time.monotonic()
+            self.close()
+            results.extra("close_s", time.monotonic() - t_close)
+            results.extra("total_s", time.monotonic() - self.budget.t0)
+            results.write(force=True)
+
+
+# --- command line ----------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Build the command line parser."""
+    ap = argparse.ArgumentParser(prog="bench", description=__doc__.split("\n\n")[0],
+                                 epilog=__doc__.split("\n\n", 1)[1],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="", help="checkpoint directory (default: the tiny model)")
+    ap.add_argument("--device", choices=sorted(DEVICES), default="cpu",
+                    help="sensible defaults: engine settings, concurrency levels, repeats")
+    ap.add_argument("--engine-arg", dest="engine_args", action="append", default=[],
+                    metavar="K=V", help="engine setting for all three engines (repeatable)")
+    ap.add_argument("--modes", default="",
+                    help=f"comma-separated subset of {','.join(ALL_MODES)} (default: all on "
+                         f"cpu; all but ingest and memory on gpu)")
+    ap.add_argument("--repeats", type=int, default=0,
+                    help="measured rounds per mode (0: the device default); trimmed to fit")
+    ap.add_argument("--time-budget-s", type=float, default=0.0,
+                    help="whole run including engine starts (0: the device default)")
+    ap.add_argument("--sizes", default="640x480,1280x720,1920x1080")
+    ap.add_argument("--lengths", default="short,128,512",
+                    help=f"output lengths: subset of {','.join(LENGTHS)}")
+    ap.add_argument("--concurrency", default="", help="levels, e.g. 1,2,4,8 (device default)")
+    ap.add_argument("--ingest-s", type=float, default=10.0, help="seconds per ingest phase")
+    ap.add_argument("--ingest-callback-runs", type=int, default=2000,
+                    help="camera callback calls timed in-process")
+    ap.add_argument("--memory-frames", type=int, default=10_000)
+    ap.add_argument("--memory-goals", type=int, default=1_000)
+    ap.add_argument("--memory-frame-size", type=parse_size, default=(640, 480))
+    ap.add_argument("--out", type=Path, default=REPO_ROOT / "out" / "bench")
+    ap.add_argument("--render", type=Path, default=None, metavar="DIR",
+                    help="only redraw DIR/results.md and the plots from DIR/bench.json")
+    return ap
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    """Parse and validate, naming the bad value."""
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    args.modes = [m.strip() for m in args.modes.split(",") if m.strip()] \
+        or list(DEVICES[args.device].modes)
+    unknown = sorted(set(args.modes) - set(ALL_MODES))
+    if unknown:
+        ap.error(f"--modes: unknown {', '.join(unknown)}; allowed {', '.join(ALL_MODES)}")
+    try:
+        args.sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
+    except argparse.ArgumentTypeError as e:
+        ap.error(f"--sizes: {e}")
+    args.lengths = [x.strip() for x in args.lengths.split(",") if x.strip()]
+    bad = sorted(set(args.lengths) - set(LENGTHS))
+    if bad or not args.lengths or not args.sizes:
+        ap.error(f"--lengths {bad or '(empty)'}: allowed {', '.join(LENGTHS)}; --sizes needed")
+    try:
+        args.concurrency = tuple(int(x) for x in args.concurrency.split(",") if x.strip())
+    except ValueError:
+        ap.error(f"--concurrency {args.concurrency!r}: expected integers like 1,2,4,8")
+    if any(n < 1 or n > 64 for n in args.concurrency):
+        ap.error("--concurrency levels must be within 1..64")
+    for name in ("repeats", "memory_frames", "memory_goals", "ingest_callback_runs"):
+        if getattr(args, name) < 0:
+            ap.error(f"--{name.replace('_', '-')} must be >= 0")
+    if args.time_budget_s < 0:
+        ap.error("--time-budget-s must be >= 0")
+    args.engine_args = parse_engine_args(args.engine_args)
+    return args
+
+
+def versions() -> dict[str, str]:
+    """Return the versions of what was measured."""
+    out = {"python": platform.python_version(), "machine": platform.machine(),
+           "cpus": str(os.cpu_count())}
+    for name in ("vllm", "torch", "transformers", "numpy", "cv2"):
+        with contextlib.suppress(Exception):
+            out[name] = __import__(name).__version__
+    with contextlib.suppress(Exception):
+        out["load_avg"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    return out
+
+
+def render(folder: Path) -> int:
+    """Redraw results.md and the plots of an earlier run from its bench.json."""
+    data = json.loads((folder / "bench.json").read_text())
+    atomic_write(folder / "results.md", benchstats.render_report(data))
+    plot(data, folder)
+    print((folder / "results.md").read_text())
+    return 0
+
+
+def _interrupt(*_: object) -> None:
+    raise KeyboardInterrupt
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the bench; exit 0 when every chosen mode ran (or was skipped for a stated reason)."""
+    args = parse_args(argv)
+    if args.render is not None:
+        return render(args.render)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if args.device == "cpu":
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    if not os.environ.get("ROS_DOMAIN_ID"):  # keep the run's DDS traffic to itself
+        os.environ["ROS_DOMAIN_ID"] = str(random.Random(os.getpid()).randint(101, 200))
+    os.environ.setdefault("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")
+    if not args.model:
+        from cosmos_reason_ros.tools.tiny_model import ensure_tiny_model
+
+        args.model = str(ensure_tiny_model("qwen3_vl"))
+    meta = {"argv": sys.argv[1:] if argv is None else list(argv), "device": args.device,
+            "model": args.model, "modes": args.modes, "sizes": [size_name(s) for s in args.sizes],
+            "lengths": {k: LENGTHS[k] for k in args.lengths}, "versions": versions(),
+            "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+            "env": {k: os.environ[k] for k in ("VLLM_ENABLE_V1_MULTIPROCESSING",
+                                                "VLLM_CPU_KVCACHE_SPACE",
+                                                "VLLM_USE_FLASHINFER_SAMPLER", "ROS_DISTRO")
+                    if k in os.environ}}
+    results = Results(args.out, meta)
+    bench = Bench(args)
+    print(f"bench: writing {args.out}/bench.json and results.md", flush=True)
+    signal.signal(signal.SIGTERM, _interrupt)  # a time limit's SIGTERM still writes results
+    try:
+        bench.run(results)
+    except KeyboardInterrupt:
+        results.extra("interrupted", True)
+    try:
+        results.extra("plots", plot(results.data, args.out))
+    except Exception as e:  # noqa: BLE001 - the data is already written
+        results.extra("plots", f"failed: {type(e).__name__}: {e}")
+    results.write(force=True)
+    statuses = {m: results.data["modes"].get(m, {}).get("status", "not run") for m in args.modes}
+    print("bench: " + ", ".join(f"{m}={s}" for m, s in statuses.items()), flush=True)
+    print((args.out / "results.md").read_text(), flush=True)
+    return 0 if all(s in ("ran", "skipped") for s in statuses.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

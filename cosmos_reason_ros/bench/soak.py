@@ -1,0 +1,364 @@
+"""Soak: a camera at 10 Hz, periodic and goal-driven queries for N minutes, resources over time.
+
+    soak --duration-s 600                       # tiny model on the CPU preset, 10 minutes
+    soak --model /models/Cosmos-Reason2-2B --preset x86_gpu --duration-s 3600
+    soak --connect --node-pid 1234              # a node that is already running
+
+Starts the node (or connects to one), publishes synthetic frames at ``--camera-hz``, turns
+periodic monitoring on (``--periodic-s``), sends a goal every ``--goal-period-s`` without
+waiting for the previous one, and samples the node process (RSS of the node and its children,
+such as vLLM's engine core; open file descriptors; threads) once a second. At the end it waits
+for outstanding results, then counts losses: goals sent without a result, periodic runs the
+node counted (``/diagnostics``) without a message on ``~/results``. Writes ``soak.json`` (every
+sample and the summary) and ``soak.png`` to ``--out``, prints a summary line, and exits 1 when a
+threshold fails: any loss, RSS growth above ``--max-rss-growth-mb`` (median of the last
+``--window-s`` against the median of the first window after ``--warmup-s``), fd or thread growth
+above their bounds. Exit 2: the node did not start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from cosmos_reason_ros.core.stats import percentile
+from cosmos_reason_ros.tools.demo import stop_node, wait_ready
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def config_dir() -> Path:
+    """Return the presets folder: the source tree's ``config/``, else the installed share."""
+    local = REPO_ROOT / "config"
+    if local.is_dir():
+        return local
+    from ament_index_python.packages import get_package_share_directory
+
+    return Path(get_package_share_directory("cosmos_reason_ros")) / "config"
+
+
+def start_node(model: str, preset: str, periodic_s: float, extra: Sequence[str]
+               ) -> subprocess.Popen:
+    """Start the node with periodic monitoring on; its output goes to a pipe."""
+    args = [sys.executable, "-m", "cosmos_reason_ros.ros.node", "--ros-args", "--params-file",
+            str(config_dir() / f"{preset}.yaml"),
+            "-p", "periodic.enabled:=true", "-p", f"periodic.period_s:={periodic_s}",
+            "-p", "periodic.prompt:=Is the way ahead blocked?", "-p", "periodic.max_tokens:=4",
+            "-p", "image.max_age_s:=10.0"]
+    if model:
+        args += ["-p", f"engine.model:={model}"]
+    for item in extra:
+        args += ["-p", item]
+    return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+def render_frame(t: float, width: int, height: int) -> Any:
+    """Draw a synthetic RGB frame: a gradient with a box moving across it."""
+    import numpy as np
+
+    frame = np.empty((height, width, 3), np.uint8)
+    frame[..., 0] = np.linspace(0, 255, width, dtype=np.uint8)[None, :]
+    frame[..., 1] = np.linspace(0, 255, height, dtype=np.uint8)[:, None]
+    frame[..., 2] = 128
+    x = int((0.5 + 0.4 * np.sin(t)) * (width - width // 5))
+    frame[height // 3: height // 3 + height // 5, x: x + width // 5] = (220, 40, 40)
+    return frame
+
+
+def sample_process(pid: int) -> dict[str, float]:
+    """RSS (MB, the process and its children), open fds and threads of the node process."""
+    import psutil
+
+    proc = psutil.Process(pid)
+    procs = [proc, *proc.children(recursive=True)]
+    rss = 0
+    for p in procs:
+        try:
+            rss += p.memory_info().rss
+        except psutil.Error:
+            pass
+    return {"rss_mb": rss / 2**20, "fds": proc.num_fds(), "threads": proc.num_threads()}
+
+
+def _window_median(samples: list[dict[str, Any]], key: str, t0: float, t1: float) -> float:
+    vals = [s[key] for s in samples if t0 <= s["t"] <= t1]
+    return statistics.median(vals) if vals else float("nan")
+
+
+def evaluate(samples: list[dict[str, Any]], counts: dict[str, int], args: argparse.Namespace
+             ) -> dict[str, Any]:
+    """Growth figures, losses and which thresholds failed (pure; unit-testable)."""
+    end = samples[-1]["t"] if samples else 0.0
+    start = min(args.warmup_s, max(0.0, end - 2 * args.window_s))
+    growth = {}
+    for key in ("rss_mb", "fds", "threads"):
+        first = _window_median(samples, key, start, start + args.window_s)
+        last = _window_median(samples, key, end - args.window_s, end)
+        growth[key] = last - first
+    lost_goals = counts["goals_sent"] - counts["goal_results"]
+    lost_periodic = max(0, counts["periodic_counted"] - counts["periodic_results"])
+    failures = []
+    if lost_goals:
+        failures.append(f"{lost_goals} goals without a result")
+    if lost_periodic:
+        failures.append(f"{lost_periodic} periodic runs not published")
+    if counts["goal_results"] and counts["goals_ok"] == 0:
+        failures.append("no goal succeeded")
+    if growth["rss_mb"] > args.max_rss_growth_mb:
+        failures.append(f"RSS grew {growth['rss_mb']:.1f} MB > {args.max_rss_growth_mb} MB")
+    if growth["fds"] > args.max_fd_growth:
+        failures.append(f"open fds grew by {growth['fds']:.0f} > {args.max_fd_growth}")
+    if growth["threads"] > args.max_thread_growth:
+        failures.append(f"threads grew by {growth['threads']:.0f} > {args.max_thread_growth}")
+    return {"growth": growth, "lost_goals": lost_goals, "lost_periodic": lost_periodic,
+            "failures": failures, "passed": not failures}
+
+
+def plot(samples: list[dict[str, Any]], path: Path) -> None:
+    """Four panels over time: RSS, fds, threads, cumulative goals/results/periodic."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    t = [s["t"] for s in samples]
+    fig, axes = plt.subplots(4, 1, figsize=(9, 10), sharex=True)
+    for ax, key, label in ((axes[0], "rss_mb", "RSS (MB, node + children)"),
+                           (axes[1], "fds", "open file descriptors"),
+                           (axes[2], "threads", "threads")):
+        ax.plot(t, [s[key] for s in samples])
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    for key in ("goals_sent", "goal_results", "periodic_results", "frames_published"):
+        axes[3].plot(t, [s[key] / (10 if key == "frames_published" else 1) for s in samples],
+                     label=key if key != "frames_published" else "frames published / 10")
+    axes[3].set_ylabel("count")
+    axes[3].set_xlabel("seconds")
+    axes[3].legend(loc="upper left")
+    axes[3].grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the soak; return the exit status."""
+    import rclpy
+    from diagnostic_msgs.msg import DiagnosticArray
+    from rclpy.executors import MultiThreadedExecutor
+    from rclpy.qos import qos_profile_sensor_data
+    from sensor_msgs.msg import Image
+    from std_msgs.msg import Header
+
+    from cosmos_reason_interfaces.msg import ReasoningResult
+    from cosmos_reason_ros.client import ReasonClient
+    from cosmos_reason_ros.ros.messages import ns_to_stamp, rgb_image
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    proc: subprocess.Popen | None = None
+    log: list[str] = []
+    pid = args.node_pid
+    if not args.connect:
+        model = args.model
+        if not model and args.preset == "cpu_demo":
+            from cosmos_reason_ros.tools.tiny_model import ensure_tiny_model
+
+            model = str(ensure_tiny_model("qwen3_vl"))
+        proc = start_node(model, args.preset, args.periodic_s, args.param)
+        if not wait_ready(proc, log, args.startup_timeout_s):
+            print("soak: the node did not become ready:\n" + "\n".join(log[-30:]))
+            stop_node(proc)
+            return 2
+        pid = proc.pid
+    if not pid:
+        print("soak: --connect needs --node-pid to sample the node's resources")
+        return 2
+
+    rclpy.init()
+    node = rclpy.create_node("soak")
+    executor = MultiThreadedExecutor()
+    executor.add_node(node)
+    threading.Thread(target=executor.spin, daemon=True).start()
+    lock = threading.Lock()
+    counts = {"goals_sent": 0, "goal_results": 0, "goals_ok": 0, "periodic_results": 0,
+              "periodic_counted": 0, "frames_published": 0, "node_frames_received": 0}
+    codes: dict[str, int] = {}
+    latencies: list[float] = []
+
+    def on_result(msg: ReasoningResult) -> None:
+        if msg.origin == "periodic":
+            with lock:
+                counts["periodic_results"] += 1
+
+    def on_diag(msg: DiagnosticArray) -> None:
+        for status in msg.status:
+            values = {kv.key: kv.value for kv in status.values}
+            if "periodic_run" in values:
+                with lock:
+                    counts["periodic_counted"] = int(values["periodic_run"]) + int(
+                        values["periodic_failed"])
+                    counts["node_frames_received"] = int(values["frames_received"])
+
+    node.create_subscription(ReasoningResult, "/cosmos_reason/results", on_result, 100)
+    node.create_subscription(DiagnosticArray, "/diagnostics", on_diag, 10)
+    camera = node.create_publisher(Image, "/image", qos_profile_sensor_data)
+    client = ReasonClient(node_name="soak_client")  # its own participant, not the camera's
+    if not client.wait_for_server(30.0):
+        print("soak: no action server")
+        if proc is not None:
+            stop_node(proc)
+        return 2
+
+    stop = threading.Event()
+
+    def stream() -> None:
+        t0 = time.monotonic()
+        n = 0
+        while not stop.is_set():
+            frame = render_frame(time.monotonic() - t0, args.width, args.height)
+            header = Header(stamp=ns_to_stamp(node.get_clock().now().nanoseconds),
+                            frame_id="soak_camera")
+            camera.publish(rgb_image(frame, header))
+            n += 1
+            with lock:
+                counts["frames_published"] = n
+            stop.wait(max(0.0, t0 + n / args.camera_hz - time.monotonic()))
+
+    def on_done(future: Any, t_sent: float) -> None:
+        result = future.result()
+        with lock:
+            counts["goal_results"] += 1
+            counts["goals_ok"] += int(result.ok)
+            codes[result.error_code.name] = codes.get(result.error_code.name, 0) + 1
+            if result.ok:
+                latencies.append(time.monotonic() - t_sent)
+
+    def goals() -> None:
+        i = 0
+        t0 = time.monotonic()
+        while not stop.is_set():
+            goal = client.goal(f"Question {i}: what is on the table?",
+                               max_tokens=args.max_tokens, max_image_age_s=10.0)
+            t_sent = time.monotonic()
+            handle = client.submit(goal)
+            handle.future.add_done_callback(lambda f, t=t_sent: on_done(f, t))
+            i += 1
+            with lock:
+                counts["goals_sent"] = i
+            stop.wait(max(0.0, t0 + i * args.goal_period_s - time.monotonic()))
+
+    samples: list[dict[str, Any]] = []
+    threading.Thread(target=stream, daemon=True).start()
+    threading.Thread(target=goals, daemon=True).start()
+    t_start = time.monotonic()
+    print(f"soak: running {args.duration_s:.0f} s (camera {args.camera_hz:g} Hz, a goal every "
+          f"{args.goal_period_s:g} s, periodic every {args.periodic_s:g} s)", flush=True)
+    try:
+        while (now := time.monotonic()) - t_start < args.duration_s:
+            sample = {"t": now - t_start, **sample_process(pid)}
+            with lock:
+                sample.update(counts)
+            samples.append(sample)
+            if args.verbose and len(samples) % 10 == 0:
+                print(json.dumps(sample), flush=True)
+            time.sleep(max(0.0, t_start + len(samples) - time.monotonic()))
+    finally:
+        stop.set()
+    # Drain: every goal sent must get its result; periodic counters catch up.
+    deadline = time.monotonic() + args.drain_s
+    while time.monotonic() < deadline:
+        with lock:
+            if counts["goal_results"] >= counts["goals_sent"]:
+                break
+        time.sleep(0.1)
+    time.sleep(2.5)  # one more diagnostics period and the last periodic result
+    with lock:
+        final = dict(counts)
+    summary = evaluate(samples, final, args)
+    report = {
+        "config": {k: v for k, v in vars(args).items()},
+        "counts": final, "codes": codes,
+        "goal_latency_s": {"p50": percentile(latencies, 50),
+                           "p95": percentile(latencies, 95)},
+        "rss_mb": {"first": samples[0]["rss_mb"] if samples else None,
+                   "max": max((s["rss_mb"] for s in samples), default=None),
+                   "last": samples[-1]["rss_mb"] if samples else None},
+        **summary, "samples": samples,
+    }
+    (out / "soak.json").write_text(json.dumps(report, indent=1))
+    if samples:
+        plot(samples, out / "soak.png")
+    g = summary["growth"]
+    print(f"soak: {'PASS' if summary['passed'] else 'FAIL'} duration_s={args.duration_s:.0f} "
+          f"goals_sent={final['goals_sent']} goal_results={final['goal_results']} "
+          f"goals_ok={final['goals_ok']} codes={codes} "
+          f"periodic_results={final['periodic_results']} "
+          f"periodic_counted={final['periodic_counted']} "
+          f"frames_published={final['frames_published']} "
+          f"frames_received={final['node_frames_received']} "
+          f"rss_growth_mb={g['rss_mb']:.1f} fd_growth={g['fds']:.0f} "
+          f"thread_growth={g['threads']:.0f} goal_p50_s={report['goal_latency_s']['p50']:.3f} "
+          f"out={out}" + (f" failures={summary['failures']}" if summary["failures"] else ""),
+          flush=True)
+    client.close()
+    executor.shutdown()
+    node.destroy_node()
+    rclpy.try_shutdown()
+    if proc is not None:
+        code = stop_node(proc)
+        if code != 0:
+            print(f"soak: the node exited with {code}:\n" + "\n".join(log[-20:]))
+            return 1
+    return 0 if summary["passed"] else 1
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Command-line options (see the module docstring)."""
+    p = argparse.ArgumentParser(prog="soak", description=__doc__.split("\n\n")[0])
+    p.add_argument("--duration-s", type=float, default=600.0)
+    p.add_argument("--camera-hz", type=float, default=10.0)
+    p.add_argument("--goal-period-s", type=float, default=1.0)
+    p.add_argument("--periodic-s", type=float, default=1.0)
+    p.add_argument("--max-tokens", type=int, default=8)
+    p.add_argument("--width", type=int, default=640)
+    p.add_argument("--height", type=int, default=480)
+    p.add_argument("--model", default="", help="checkpoint (default: the tiny test model)")
+    p.add_argument("--preset", default="cpu_demo")
+    p.add_argument("--param", action="append", default=[],
+                   help="extra node parameter NAME:=VALUE (repeatable)")
+    p.add_argument("--connect", action="store_true", help="use a running node")
+    p.add_argument("--node-pid", type=int, default=0, help="with --connect: the node's pid")
+    p.add_argument("--out", default="out/soak")
+    p.add_argument("--warmup-s", type=float, default=10.0)
+    p.add_argument("--window-s", type=float, default=10.0)
+    p.add_argument("--drain-s", type=float, default=60.0)
+    p.add_argument("--startup-timeout-s", type=float, default=600.0)
+    p.add_argument("--max-rss-growth-mb", type=float, default=100.0)
+    p.add_argument("--max-fd-growth", type=float, default=20)
+    p.add_argument("--max-thread-growth", type=float, default=10)
+    p.add_argument("--verbose", action="store_true")
+    args = p.parse_args(argv)
+    for name in ("duration_s", "camera_hz", "goal_period_s", "periodic_s", "window_s"):
+        if not getattr(args, name) > 0:
+            p.error(f"--{name.replace('_', '-')} must be positive")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Console script entry point."""
+    return run(parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,556 @@
+"""Statistics for the ``bench`` tool: summaries, p95s, ratios, time-budget planning, tables.
+
+Pure Python (no rclpy, no vLLM, no numpy needed): the bench collects samples as plain dicts
+(one per request, every field a number, a string or None) and this module turns them into the
+figures of ``docs/PERFORMANCE.md``. Ratios are always computed from medians of samples taken
+side by side in one run, so machine drift between modes cancels out.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from cosmos_reason_ros.core.stats import median, percentile
+
+Sample = Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Summary:
+    """Median, p95 and count of one metric over one group of samples."""
+
+    n: int
+    median: float
+    p95: float
+
+    @classmethod
+    def of(cls, values: Iterable[float | None]) -> Summary:
+        """Summarize the finite values (None and NaN are skipped)."""
+        data = [float(v) for v in values if v is not None and not math.isnan(float(v))]
+        return cls(len(data), median(data), percentile(data, 95))
+
+
+def group(samples: Iterable[Sample], keys: Sequence[str],
+          where: Callable[[Sample], bool] | None = None) -> dict[tuple[Any, ...], list[Sample]]:
+    """Group successful, measured samples by the values of ``keys``, in first-seen order.
+
+    Failed samples (``ok`` false) and warm-up samples (``warmup`` true) are left out.
+    """
+    out: dict[tuple[Any, ...], list[Sample]] = defaultdict(list)
+    for s in samples:
+        if not s.get("ok", False) or s.get("warmup") or (where is not None and not where(s)):
+            continue
+        out[tuple(s.get(k) for k in keys)].append(s)
+    return dict(out)
+
+
+def summarize(samples: Iterable[Sample], keys: Sequence[str], metric: str,
+              where: Callable[[Sample], bool] | None = None) -> dict[tuple[Any, ...], Summary]:
+    """``Summary`` of ``metric`` per group of ``keys``."""
+    return {k: Summary.of(s.get(metric) for s in group_samples)
+            for k, group_samples in group(samples, keys, where).items()}
+
+
+def ratio(numerator: float, denominator: float) -> float:
+    """``numerator / denominator``; NaN when either is missing or the denominator is 0."""
+    if any(v is None or math.isnan(v) for v in (numerator, denominator)) or denominator == 0:
+        return math.nan
+    return numerator / denominator
+
+
+@dataclass(frozen=True)
+class Overhead:
+    """What a mode adds on top of a reference mode (both medians of paired rounds)."""
+
+    reference_ms: float
+    mode_ms: float
+
+    @property
+    def ms(self) -> float:
+        """Added time in milliseconds."""
+        return self.mode_ms - self.reference_ms
+
+    @property
+    def percent(self) -> float:
+        """Added time as a percentage of the mode's own end-to-end time."""
+        return 100.0 * ratio(self.ms, self.mode_ms)
+
+
+def paired_overhead(samples: Iterable[Sample], mode: str, reference: str, metric: str,
+                    keys: Sequence[str] = ("size", "length"),
+                    where: Callable[[Sample], bool] | None = None,
+                    same: str | None = "output_tokens",
+                    ) -> dict[tuple[Any, ...], tuple[Overhead, Summary]]:
+    """Per group: medians of ``mode`` and ``reference``, and the median of per-round deltas.
+
+    Samples of the two modes taken in the same round (same ``round`` and group) are paired;
+    the delta distribution (mode - reference, ms) is robust to drift across rounds. With
+    ``same`` set, only pairs that agree on that field count (e.g. the same number of output
+    tokens: a generation that stopped early is not comparable), and the medians are taken
+    over the paired samples only.
+    """
+    by_key: dict[tuple[Any, ...], dict[str, dict[Any, Sample]]] = defaultdict(
+        lambda: defaultdict(dict))
+    for s in samples:
+        if not s.get("ok") or s.get("warmup") or s.get("mode") not in (mode, reference) \
+                or s.get(metric) is None or (where is not None and not where(s)):
+            continue
+        k = tuple(s.get(x) for x in keys)
+        by_key[k][s["mode"]][s.get("round")] = s
+    out = {}
+    for k, modes in by_key.items():
+        ref, mod = modes.get(reference, {}), modes.get(mode, {})
+        rounds = [r for r in mod if r in ref
+                  and (same is None or mod[r].get(same) == ref[r].get(same))]
+        if not rounds:
+            continue
+        ref_ms = [float(ref[r][metric]) * 1e3 for r in rounds]
+        mod_ms = [float(mod[r][metric]) * 1e3 for r in rounds]
+        deltas = [m - f for m, f in zip(mod_ms, ref_ms, strict=True)]
+        out[k] = (Overhead(median(ref_ms), median(mod_ms)), Summary.of(deltas))
+    return out
+
+
+def throughput(batches: Iterable[Sample], keys: Sequence[str] = ("mode", "concurrency"),
+               phase: str | None = None) -> dict[tuple[Any, ...], Summary]:
+    """Output tokens per second per ``keys`` (default (mode, concurrency)), from batch samples.
+
+    A batch sample carries ``concurrency``, ``wall_s`` (first submit to last result) and
+    ``output_tokens`` (sum over the batch's requests); only those of ``phase`` count (``None``:
+    the concurrency phase's, which carry no phase).
+    """
+    values: dict[tuple[Any, ...], list[float]] = defaultdict(list)
+    for b in batches:
+        if not b.get("ok") or b.get("warmup") or not b.get("wall_s") \
+                or b.get("phase") != phase:
+            continue
+        values[tuple(b.get(k) for k in keys)].append(b["output_tokens"] / b["wall_s"])
+    return {k: Summary.of(v) for k, v in values.items()}
+
+
+def scaling(tput: Mapping[tuple[Any, ...], Summary], mode: str) -> dict[int, float]:
+    """N-way throughput divided by 1-way throughput (medians) for ``mode``."""
+    one = tput.get((mode, 1))
+    if one is None:
+        return {}
+    return {n: ratio(s.median, one.median) for (m, n), s in sorted(tput.items(),
+                                                                   key=lambda kv: str(kv[0]))
+            if m == mode}
+
+
+def growth(series: Sequence[tuple[float, float]], skip_fraction: float = 0.1) -> float:
+    """Growth of a (x, value) series: median of the last 10% minus median after warm-up.
+
+    The first ``skip_fraction`` of the points is warm-up (allocator pools, caches filling);
+    medians instead of single points keep one noisy sample from deciding the result.
+    """
+    if len(series) < 2:
+        return math.nan
+    values = [v for _, v in series]
+    start = int(len(values) * skip_fraction)
+    tail = max(1, len(values) // 10)
+    base = values[start:start + tail] or values[:1]
+    return median(values[-tail:]) - median(base)
+
+
+# --- time budget ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Slice:
+    """The share of the remaining time one phase may use."""
+
+    name: str
+    weight: float
+
+
+def plan_slices(remaining_s: float, phases: Sequence[Slice]) -> dict[str, float]:
+    """Split ``remaining_s`` among phases in proportion to their weights."""
+    if remaining_s < 0:
+        remaining_s = 0.0
+    total = sum(p.weight for p in phases if p.weight > 0)
+    if total <= 0:
+        return {p.name: 0.0 for p in phases}
+    return {p.name: remaining_s * max(0.0, p.weight) / total for p in phases}
+
+
+def rounds_that_fit(slice_s: float, round_s: float, wanted: int, minimum: int = 1) -> int:
+    """How many rounds of ``round_s`` fit in ``slice_s``, between ``minimum`` and ``wanted``."""
+    if wanted <= 0:
+        return 0
+    if round_s <= 0 or math.isnan(round_s):
+        return wanted
+    return max(min(minimum, wanted), min(wanted, int(slice_s // round_s)))
+
+
+# --- rendering ------------------------------------------------------------------------------
+
+
+def fmt(value: float | None, digits: int = 1) -> str:
+    """Format a number for a table cell; a dash when missing."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "–"
+    return f"{value:.{digits}f}"
+
+
+def table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    """Render a markdown table (numbers right-aligned)."""
+    rows = [list(map(str, r)) for r in rows]
+    align = ["---:" if rows and all(_numeric(r[i]) for r in rows) else "---"
+             for i in range(len(header))]
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(align) + "|"]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def _numeric(text: str) -> bool:
+    try:
+        float(text.rstrip("x%").replace("+", ""))
+        return True
+    except ValueError:
+        return text == "–"
+
+
+def sort_key(value: Any) -> tuple[int, Any]:
+    """Sort mixed keys: numbers first by value, then strings (sizes 'WxH' by pixel count)."""
+    if isinstance(value, (int, float)):
+        return (0, value)
+    if isinstance(value, str) and "x" in value:
+        w, _, h = value.partition("x")
+        if w.isdigit() and h.isdigit():
+            return (1, int(w) * int(h))
+    return (2, str(value))
+
+
+# --- the report -----------------------------------------------------------------------------
+
+TARGETS = {
+    "cpu": {"overhead_ms": 5.0, "baseline_ratio": 3.0, "scaling_8": 2.5, "ingest_ms": 0.5,
+            "rss_mb": 20.0},
+    "gpu": {"overhead_percent": 3.0, "scaling_8": 5.0, "second_ratio": 0.5,
+            "prefill_ttft_ratio": 0.4, "prefill_throughput_ratio": 0.9},
+}
+
+
+def _ms(value: float) -> str:
+    return fmt(value * 1e3 if value is not None and not math.isnan(value) else math.nan)
+
+
+def _check(ok: bool | None) -> str:
+    return "–" if ok is None else ("met" if ok else "MISSED")
+
+
+def _nonnegative(value: float | None) -> float:
+    """Return the value, or NaN when missing or negative (a difference that lost its meaning)."""
+    if value is None or math.isnan(value) or value < 0:
+        return math.nan
+    return value
+
+
+def _latency_phase(s: Sample) -> bool:
+    return s.get("phase") == "latency"
+
+
+def _breakdown(samples: Sequence[Sample]) -> list[tuple[Any, ...]]:
+    """Per size: median components of the node's and the baseline's latency (ms)."""
+    by_size: dict[Any, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for s in samples:
+        if not s.get("ok") or s.get("warmup") or s.get("phase") != "latency":
+            continue
+        d = by_size[s.get("size")]
+        if s.get("mode") == "node" and s.get("node_total_s") is not None:
+            d["queue"].append(s.get("node_queue_s") or 0.0)
+            d["pre"].append(s.get("node_preprocess_s") or 0.0)
+            d["action"].append(s["e2e_s"] - s["node_total_s"])
+        if s.get("mode") == "baseline" and s.get("http_total_s") is not None:
+            d["encode"].append(s.get("encode_s") or 0.0)
+            d["http"].append(s["http_total_s"])
+            d["ros"].append(s["e2e_s"] - s["http_total_s"] - (s.get("encode_s") or 0.0))
+            d["jpeg"].append((s.get("jpeg_bytes") or 0) / 1024 / 1e3)
+    return [(size, *(_ms(median(d[k])) for k in ("queue", "pre", "action", "encode", "http",
+                                                  "ros", "jpeg")))
+            for size, d in sorted(by_size.items(), key=lambda kv: sort_key(kv[0]))]
+
+
+def render_report(data: Mapping[str, Any]) -> str:
+    """Render the markdown report: medians and p95s per mode, ratios, targets, errors."""
+    meta = data.get("meta", {})
+    samples = data.get("samples", [])
+    extra = data.get("extra", {})
+    device = meta.get("device", "cpu")
+    lines = [f"# bench results ({device})", ""]
+    lines.append(f"`bench {' '.join(meta.get('argv', []))}` — started {meta.get('started', '?')}"
+                 f", model `{meta.get('model', '?')}`")
+    versions = meta.get("versions", {})
+    if versions:
+        lines.append("")
+        lines.append("Versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()))
+    if extra.get("start_s"):
+        lines.append("")
+        lines.append("Start (s, in parallel): " + ", ".join(
+            f"{k} {fmt(v)}" for k, v in extra["start_s"].items()))
+    lines += ["", "## Modes", ""]
+    rows = []
+    for name, status in data.get("modes", {}).items():
+        detail = status.get("error") or status.get("reason") or ""
+        if status.get("rounds") is not None:
+            detail = f"{status['rounds']}/{status.get('wanted')} rounds " + detail
+        rows.append((name, status.get("status", "?"), fmt(status.get("elapsed_s")),
+                     str(detail).replace("\n", " ").replace("|", "/")[:300]))
+    lines.append(table(("mode", "status", "seconds", "detail"), rows))
+
+    targets = TARGETS.get(device, {})
+    checks: list[tuple[str, str, str]] = []
+
+    # Latency per mode, size and length.
+    ttft = summarize(samples, ("mode", "size", "length"), "ttft_s", _latency_phase)
+    e2e = summarize(samples, ("mode", "size", "length"), "e2e_s", _latency_phase)
+    toks = summarize(samples, ("mode", "size", "length"), "output_tokens", _latency_phase)
+    if e2e:
+        lines += ["", "## Latency (ms; client-observed; median / p95)", ""]
+        rows = []
+        for key in sorted(e2e, key=lambda k: (sort_key(k[1]), sort_key(k[2]), str(k[0]))):
+            t, e, n = ttft.get(key), e2e[key], toks.get(key)
+            tps = (n.median / e.median) if n and e.median else math.nan
+            rows.append((key[1], key[2], key[0], e.n, _ms(t.median if t else math.nan),
+                         _ms(t.p95 if t else math.nan), _ms(e.median), _ms(e.p95),
+                         fmt(n.median if n else math.nan, 0), fmt(tps, 0)))
+        lines.append(table(("size", "length", "mode", "n", "TTFT p50", "TTFT p95", "e2e p50",
+                            "e2e p95", "out tokens", "tok/s"), rows))
+
+    over = paired_overhead(samples, "node", "engine", "e2e_s", where=_latency_phase)
+    if over:
+        lines += ["", "## Node overhead over the bare engine (end-to-end, paired rounds)", "",
+                  "Pairs: the two modes' requests of one round on the same picture, counted only "
+                  "when both produced the same number of tokens (the node cannot ask for "
+                  "ignore_eos, so a long answer may stop early there).", ""]
+        rows = []
+        for key in sorted(over, key=lambda k: (sort_key(k[0]), sort_key(k[1]))):
+            o, d = over[key]
+            rows.append((key[0], key[1], d.n, fmt(o.reference_ms), fmt(o.mode_ms), fmt(d.median),
+                         fmt(d.p95), fmt(100 * ratio(d.median, o.mode_ms))))
+        lines.append(table(("size", "length", "pairs", "engine p50 ms", "node p50 ms",
+                            "overhead p50 ms", "overhead p95 ms", "% of node e2e"), rows))
+        # Judged on short answers: the length every mode reaches, so only the path differs.
+        at720 = [(o, d) for k, (o, d) in over.items() if k[0] == "1280x720"
+                 and k[1] == "short"] or [(o, d) for k, (o, d) in over.items()
+                                          if k[0] == "1280x720"]
+        if at720:
+            worst_ms = max(d.median for _, d in at720)
+            worst_pct = max(100 * ratio(d.median, o.mode_ms) for o, d in at720)
+            # A negative median delta means the floor measured slower than the node: noise
+            # larger than the overhead, so the end-to-end pairs decide nothing.
+            verdict = "inconclusive (noise)" if worst_ms < 0 else None
+            if "overhead_ms" in targets:
+                checks.append(("node overhead p50 at 1280x720, short answers",
+                               f"{fmt(worst_ms)} ms (target <= {targets['overhead_ms']:g} ms)",
+                               verdict or _check(worst_ms <= targets["overhead_ms"])))
+            if "overhead_percent" in targets:
+                checks.append(("node overhead at 1280x720, short answers",
+                               f"{fmt(worst_pct)} % (target <= {targets['overhead_percent']:g} %)",
+                               verdict or _check(worst_pct <= targets["overhead_percent"])))
+
+    base = paired_overhead(samples, "baseline", "node", "e2e_s", where=_latency_phase)
+    if base:
+        lines += ["", "## Node vs the HTTP-client baseline (end-to-end medians)", ""]
+        rows = []
+        short_ratios = []
+        for key in sorted(base, key=lambda k: (sort_key(k[0]), sort_key(k[1]))):
+            o, d = base[key]
+            r = ratio(o.mode_ms, o.reference_ms)
+            if key[1] == "short":
+                short_ratios.append(r)
+            t_node = ttft.get(("node", *key))
+            t_base = ttft.get(("baseline", *key))
+            rt = ratio(t_base.median, t_node.median) if t_node and t_base else math.nan
+            rows.append((key[0], key[1], fmt(o.reference_ms), fmt(o.mode_ms), fmt(d.median),
+                         f"{fmt(r, 2)}x", f"{fmt(rt, 2)}x"))
+        lines.append(table(("size", "length", "node p50 ms", "baseline p50 ms",
+                            "baseline - node p50 ms", "e2e baseline/node", "TTFT baseline/node"),
+                           rows))
+        if short_ratios and "baseline_ratio" in targets:
+            worst = min(short_ratios)
+            checks.append(("baseline/node latency, short answers (worst size)",
+                           f"{fmt(worst, 2)}x (target >= {targets['baseline_ratio']:g}x)",
+                           _check(worst >= targets["baseline_ratio"])))
+
+    breakdown = _breakdown(samples)
+    if breakdown:
+        lines += ["", "## Where the time goes (medians over every latency sample, ms)", "",
+                  "node: queue and preprocess (deserialize, convert, resize) as the node "
+                  "reports them, action = client e2e minus the node's own total (goal, "
+                  "result and feedback transport). baseline: encode = convert + JPEG + base64 "
+                  "in the callback, http = POST to last byte, ros = trigger and answer "
+                  "transport.", ""]
+        lines.append(table(("size", "node queue", "node preprocess", "node action",
+                            "baseline encode", "baseline http", "baseline ros",
+                            "baseline JPEG KB"), breakdown))
+        row = next((r for r in breakdown if r[0] == "1280x720"), None)
+        if row is not None and "overhead_ms" in targets:
+            own = sum(float(x) for x in row[2:4] if x != "–")
+            limit = targets["overhead_ms"]
+            checks.append(("node's own work at 1280x720: preprocess + action transport "
+                           "(resize included)", f"{fmt(own)} ms (target <= {limit:g} ms)",
+                           _check(own <= limit)))
+
+    tput = throughput(data.get("batches", []))
+    if tput:
+        lines += ["", "## Concurrency (output tokens/s over the batch; median / p95)", ""]
+        rows = []
+        for mode in sorted({k[0] for k in tput}):
+            sc = scaling(tput, mode)
+            for (m, n), s in sorted(tput.items(), key=lambda kv: (str(kv[0][0]), kv[0][1])):
+                if m == mode:
+                    rows.append((mode, n, s.n, fmt(s.median), fmt(s.p95),
+                                 f"{fmt(sc.get(n, math.nan), 2)}x"))
+        status = data.get("modes", {}).get("concurrency", {})
+        lines.append(f"Image {status.get('size', '?')}, {status.get('max_tokens', '?')} output "
+                     f"tokens per request; node: N goals on one fresh frame; engine: N pictures.")
+        lines.append("")
+        lines.append(table(("mode", "N", "batches", "tok/s p50", "tok/s p95", "vs N=1"), rows))
+        s8 = scaling(tput, "node").get(8)
+        if s8 is not None and "scaling_8" in targets:
+            checks.append(("node throughput, 8 concurrent vs 1", f"{fmt(s8, 2)}x (target >= "
+                           f"{targets['scaling_8']:g}x)", _check(s8 >= targets["scaling_8"])))
+
+    second = summarize(samples, ("mode", "size", "question"), "ttft_s",
+                       lambda s: s.get("phase") == "second")
+    cached = summarize(samples, ("mode", "size", "question"), "cached_prompt_tokens",
+                       lambda s: s.get("phase") == "second")
+    if second:
+        lines += ["", "## Second question on the same frame (TTFT ms, median)", ""]
+        rows = []
+        worst_node = []
+        for mode, size in sorted({(k[0], k[1]) for k in second},
+                                 key=lambda k: (sort_key(k[1]), k[0])):
+            q1, q2 = second.get((mode, size, 1)), second.get((mode, size, 2))
+            if not q1 or not q2:
+                continue
+            r = ratio(q2.median, q1.median)
+            if mode == "node":
+                worst_node.append(r)
+            c1, c2 = cached.get((mode, size, 1)), cached.get((mode, size, 2))
+            rows.append((size, mode, q1.n, _ms(q1.median), _ms(q2.median), f"{fmt(r, 2)}x",
+                         fmt(c1.median if c1 else math.nan, 0),
+                         fmt(c2.median if c2 else math.nan, 0)))
+        lines.append(table(("size", "mode", "pairs", "Q1 TTFT", "Q2 TTFT", "Q2/Q1",
+                            "Q1 cached tokens", "Q2 cached tokens"), rows))
+        if worst_node and "second_ratio" in targets:
+            checks.append(("node second-question TTFT / first (worst size)",
+                           f"{fmt(max(worst_node), 2)}x (target <= {targets['second_ratio']}x)",
+                           _check(max(worst_node) <= targets["second_ratio"])))
+
+    cb, ingest = extra.get("ingest_callback"), extra.get("ingest")
+    if cb or ingest:
+        lines += ["", "## Image ingest (1920x1080 rgb8, 30 Hz)", ""]
+        rows = []
+        if isinstance(cb, Mapping):
+            rows.append(("node camera callback, in-process (median / p95 ms)",
+                         f"{fmt(cb.get('median_ms'), 3)} / {fmt(cb.get('p95_ms'), 3)}"))
+        if isinstance(ingest, Mapping):
+            rows += [
+                ("node process CPU, idle (%)", fmt(ingest.get("idle_cpu_percent"))),
+                ("node process CPU, camera only (%)", fmt(ingest.get("camera_only_cpu_percent"))),
+                ("node process CPU per frame above idle, camera only (ms)",
+                 fmt(ingest.get("camera_only_cpu_ms_per_frame"), 3)),
+                ("node process CPU, goals only (%)", fmt(ingest.get("goals_only_cpu_percent"))),
+                ("node process CPU, camera + goals (%)",
+                 fmt(ingest.get("camera_and_goals_cpu_percent"))),
+                ("extra CPU per frame while goals run (ms; – when the goal load differed)",
+                 fmt(_nonnegative(ingest.get("with_goals_extra_cpu_ms_per_frame")), 3)),
+                ("goals/s without / with the camera",
+                 f"{fmt(ingest.get('goals_per_s_without_camera'), 2)} / "
+                 f"{fmt(ingest.get('goals_per_s_with_camera'), 2)}"),
+            ]
+        phases = extra.get("ingest_phases") or {}
+        for name, ph in phases.items():
+            rows.append((f"phase {name}: frames published / received, goals",
+                         f"{ph.get('frames_published')} / {ph.get('frames_received')}, "
+                         f"{ph.get('goals')}"))
+        lines.append(table(("measure", "value"), rows))
+        if isinstance(cb, Mapping) and "ingest_ms" in targets:
+            checks.append(("camera callback per 1080p frame (median)",
+                           f"{fmt(cb.get('median_ms'), 3)} ms (target <= "
+                           f"{targets['ingest_ms']} ms)",
+                           _check(cb.get("median_ms", math.inf) <= targets["ingest_ms"])))
+
+    mem = extra.get("memory")
+    if isinstance(mem, Mapping):
+        lines += ["", "## Memory (node process RSS)", ""]
+        lines.append(table(("frames", "goals", "frame size", "RSS start MB", "RSS end MB",
+                            "growth MB (after warm-up)"),
+                           [(f"{mem.get('frames')}/{mem.get('frames_wanted')}",
+                             f"{mem.get('goals')}/{mem.get('goals_wanted')}",
+                             mem.get("frame_size"), fmt(mem.get("rss_start_mb")),
+                             fmt(mem.get("rss_end_mb")), fmt(mem.get("rss_growth_mb")))]))
+        if "rss_mb" in targets and mem.get("rss_growth_mb") is not None:
+            checks.append(("node RSS growth", f"{fmt(mem['rss_growth_mb'])} MB (target <= "
+                           f"{targets['rss_mb']:g} MB)",
+                           _check(mem["rss_growth_mb"] <= targets["rss_mb"])))
+
+    def prefill_only(rows: Iterable[Sample]) -> list[Sample]:
+        # Runs from before the settings carry only prefill on/off.
+        return [{"setting": "on" if s.get("prefill") else "off", **s} for s in rows
+                if s.get("phase") == "prefill"]
+
+    pre_samples = prefill_only(samples)
+    pre = summarize(pre_samples, ("setting",), "ttft_s")
+    pre_node = summarize(pre_samples, ("setting",), "node_ttft_s")  # transport left out
+    pre_cached = summarize(pre_samples, ("setting",), "cached_prompt_tokens")
+    pre_tput = throughput(prefill_only(data.get("batches", [])), ("setting",), phase="prefill")
+    if pre or pre_tput:
+        lines += ["", "## Goals on the latest frame of a 5 Hz camera: prefill on vs off", ""]
+        rows = []
+        settings = sorted({k[0] for k in (*pre, *pre_tput)},
+                          key=lambda k: (k != "off", k))
+        for setting in settings:
+            t, c, b = pre.get((setting,)), pre_cached.get((setting,)), pre_tput.get((setting,))
+            n = pre_node.get((setting,))
+            rows.append((setting, t.n if t else 0, _ms(t.median) if t else "–",
+                         _ms(t.p95) if t else "–", _ms(n.median) if n else "–",
+                         fmt(c.median if c else math.nan, 0),
+                         b.n if b else 0, fmt(b.median if b else math.nan)))
+        lines.append(table(("prefill", "goals", "TTFT p50 ms", "TTFT p95 ms",
+                            "node TTFT p50 ms", "cached tokens p50", "8-goal batches",
+                            "tok/s p50"), rows))
+        lines.append("")
+        lines.append("One goal at a time (short answer), then 8 goals at once (128 tokens each), "
+                     "each at a random phase of the camera. Node TTFT: as the node measures it, "
+                     "from the goal's start (the action transport left out).")
+        diag = extra.get("prefill_diagnostics")
+        if diag:
+            lines.append("")
+            lines.append("Diagnostics: " + ", ".join(
+                f"{k} {v.get('before')} -> {v.get('after')}" for k, v in diag.items()))
+        for setting in settings[1:] if settings[:1] == ["off"] else ():
+            on, off = pre.get((setting,)), pre.get(("off",))
+            if on and off and "prefill_ttft_ratio" in targets:
+                r = ratio(on.median, off.median)
+                checks.append((f"goal TTFT on the latest frame, prefill {setting} / off",
+                               f"{fmt(r, 2)}x (target <= {targets['prefill_ttft_ratio']:g}x)",
+                               _check(r <= targets["prefill_ttft_ratio"])))
+            on, off = pre_tput.get((setting,)), pre_tput.get(("off",))
+            if on and off and "prefill_throughput_ratio" in targets:
+                r = ratio(on.median, off.median)
+                checks.append((f"8-goal throughput, prefill {setting} / off",
+                               f"{fmt(r, 2)}x (target >= "
+                               f"{targets['prefill_throughput_ratio']:g}x)",
+                               _check(r >= targets["prefill_throughput_ratio"])))
+
+    if checks:
+        lines += ["", "## Targets", ""]
+        lines.append(table(("target", "measured", "result"), checks))
+    failed = [s for s in samples if not s.get("ok")]
+    if failed:
+        lines += ["", f"## Failed requests: {len(failed)}", ""]
+        seen: dict[str, int] = {}
+        for s in failed:
+            key = f"{s.get('phase')}/{s.get('mode')}: {str(s.get('error'))[:200]}"
+            seen[key] = seen.get(key, 0) + 1
+        lines += [f"- {n} x {k}" for k, n in list(seen.items())[:20]]
+    lines.append("")
+    return "\n".join(lines)

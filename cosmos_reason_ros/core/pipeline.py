@@ -1,0 +1,483 @@
+"""The goal pipeline: one copy of every step from goal fields to a finished outcome.
+
+The node, offline replay and the benchmarks run goals through :class:`GoalPipeline`, so the
+same goal about the same frame builds the same engine request everywhere:
+
+1. :meth:`GoalPipeline.validate`: goal fields -> :class:`ValidGoal` (text, task, schema,
+   sampling, source, numeric fields, clip bounds, timeout, engine state), or ``BadRequestError``
+   naming the field.
+2. :meth:`GoalPipeline.run`: choose frames from the :class:`FrameHistory` (latest within the
+   max age, the next one, the newest prefilled one, a clip ending within the max age), decode
+   and resize them to the model budget, build the request, drive the engine with a deadline,
+   cancel and throttled progress callbacks, parse and map coordinates to original pixels.
+
+ROS stays outside: callers pass plain callables for stages, progress and "should I stop", and
+read frames through a ``read_frame`` function (``ros/cdr.read_frame`` for CDR bytes).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+import numpy as np
+
+from cosmos_reason_ros.core import imaging, query
+from cosmos_reason_ros.core.frames import FrameHistory, StoredFrame
+from cosmos_reason_ros.core.imaging import ImageMessage
+from cosmos_reason_ros.core.models import ModelProfile
+from cosmos_reason_ros.core.prefill import PrefillPolicy
+from cosmos_reason_ros.core.types import (
+    BadRequestError,
+    ChatRequest,
+    CosmosReasonError,
+    DeadlineExceededError,
+    EngineUnavailableError,
+    FinishReason,
+    ImageTooOldError,
+    NoImageError,
+    ReasonOutcome,
+    RequestCancelledError,
+    Timings,
+)
+
+P = TypeVar("P")  # a stored frame's payload (e.g. serialized bytes)
+
+CANCEL_GRACE_S = 5.0  # how long a stopped request may take to end in the engine
+POLL_S = 0.05  # cancel/timeout are re-checked at least this often
+MAX_CLIP_FPS = 30.0
+UNAVAILABLE_STATES = ("unavailable", "closed", "stopped")  # EngineState values
+
+
+class Source(enum.IntEnum):
+    """Where a goal's image comes from (the values of ``Reason.Goal.SOURCE_*``)."""
+
+    LATEST = 0
+    NEXT = 1
+    CLIP = 2
+    GOAL_IMAGE = 3
+
+
+class Stage(str, enum.Enum):
+    """Progress stages, in the order a goal passes them (``Reason.Feedback.STAGE_*``)."""
+
+    QUEUED = "queued"
+    WAITING_FOR_IMAGE = "waiting_for_image"
+    PREPROCESSING = "preprocessing"
+    GENERATING = "generating"
+
+
+class Stop(str, enum.Enum):
+    """Why a caller wants a goal to stop early."""
+
+    CANCEL = "cancel"
+    SHUTDOWN = "shutdown"
+
+
+@dataclass(frozen=True)
+class GoalFields:
+    """The fields of a ``Reason`` goal in plain form (0 / empty = the node's default)."""
+
+    task: str = ""
+    prompt: str = ""
+    targets: tuple[str, ...] = ()
+    reasoning: bool = False
+    source: int = Source.LATEST
+    max_image_age_s: float = 0.0
+    wait_for_image_s: float = 0.0
+    clip_duration_s: float = 0.0
+    clip_fps: float = 0.0
+    response_schema: str = ""
+    max_tokens: int = 0
+    temperature: float = 0.0
+    greedy: bool = False
+    timeout_s: float = 0.0
+    image: ImageMessage | None = None  # the image carried by a SOURCE_GOAL_IMAGE goal
+    images_in_goal: int = 0  # how many of image / compressed_image the goal filled
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The node parameters the goal path reads, taken once from the parameter table."""
+
+    profile: ModelProfile
+    limits: query.QueryLimits
+    constrain_structured_tasks: bool = True
+    fixed_output_length: bool = False
+    engine_constrains_after_reasoning: bool = False
+    goal_timeout_s: float = 120.0
+    max_age_s: float = 2.0
+    wait_s: float = 1.0
+    clip_duration_s: float = 3.0
+    clip_fps: float = 4.0
+    max_clip_duration_s: float = 30.0
+    max_clip_frames: int = 64
+    decode_max_pixels: int = imaging.DEFAULT_MAX_PIXELS
+    feedback_rate_hz: float = 10.0
+    ready_frame_within_s: float = 0.0
+
+    @classmethod
+    def from_params(cls, p: Mapping[str, Any], profile: ModelProfile) -> Settings:
+        """Build from validated node parameters (``ros/config.validate``'s mapping)."""
+        return cls(
+            profile=profile,
+            limits=query.QueryLimits(
+                max_tokens=p["limits.max_tokens"], max_prompt_chars=p["limits.max_prompt_chars"],
+                max_schema_bytes=p["limits.max_schema_bytes"],
+                max_image_pixels=p["model.max_pixels"]),
+            constrain_structured_tasks=p["model.constrain_structured_tasks"],
+            fixed_output_length=p["limits.fixed_output_length"],
+            engine_constrains_after_reasoning=p["engine.constrains_after_reasoning"],
+            goal_timeout_s=p["limits.goal_timeout_s"], max_age_s=p["image.max_age_s"],
+            wait_s=p["image.wait_s"], clip_duration_s=p["image.clip_duration_s"],
+            clip_fps=p["image.clip_fps"], max_clip_duration_s=p["limits.max_clip_duration_s"],
+            max_clip_frames=p["limits.max_clip_frames"],
+            decode_max_pixels=p["image.max_pixels"],
+            feedback_rate_hz=p["limits.feedback_rate_hz"],
+            ready_frame_within_s=p["prefill.ready_frame_within_s"])
+
+
+@dataclass(frozen=True)
+class ValidGoal:
+    """A goal whose fields passed every check; what :meth:`GoalPipeline.run` needs."""
+
+    fields: GoalFields
+    spec: query.QuerySpec
+    source: Source
+    timeout_s: float
+    max_age_s: float
+    wait_s: float
+    clip_duration_s: float
+    clip_fps: float
+
+
+@dataclass
+class Media:
+    """Model-ready media of a goal and where it came from."""
+
+    prepared: query.PreparedMedia
+    stamps_ns: list[int]  # each frame's time as stored (header stamp, else receipt time)
+    frame_id: str
+    header_stamp_ns: int  # the (newest) image's own header stamp, for the result header
+    # Full-resolution RGB of the (newest) frame, converted only if someone draws on it.
+    original_rgb: Callable[[], np.ndarray]
+
+    @property
+    def clip_start_ns(self) -> int | None:
+        """The first frame's stamp of a clip (span times count from it), else None."""
+        return self.stamps_ns[0] if self.prepared.video is not None else None
+
+
+@dataclass
+class GoalRun:
+    """What one run produced: the outcome (partial after a stop or error), timings, error."""
+
+    media: Media | None = None
+    request: ChatRequest | None = None
+    outcome: ReasonOutcome | None = None
+    error: CosmosReasonError | None = None
+    preprocess_s: float = 0.0
+    time_to_first_token_s: float = 0.0
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+class GoalPipeline(Generic[P]):
+    """Runs validated goals over a frame history and an engine runner."""
+
+    def __init__(self, settings: Settings, runner: Any, history: FrameHistory[P],
+                 read_frame: Callable[[P], ImageMessage], clock_ns: Callable[[], int],
+                 prefill: PrefillPolicy | None = None, source_name: str = "the camera") -> None:
+        """``runner``: an ``engines.runner.EngineRunner`` (``submit``/``health``).
+
+        ``clock_ns`` is the clock frame ages are measured on (the node clock: sim time under
+        replay); ``source_name`` names the camera in error messages.
+        """
+        self.settings = settings
+        self.runner = runner
+        self.history = history
+        self.read_frame = read_frame
+        self.clock_ns = clock_ns
+        self.prefill = prefill
+        self.source_name = source_name
+
+    # --- 1. validation -----------------------------------------------------------------
+
+    def validate(self, goal: GoalFields, check_engine: bool = True) -> ValidGoal:
+        """Check every goal field (and the engine's state); raise naming the bad field."""
+        s = self.settings
+        spec = query.make_spec(
+            s.profile, task=goal.task, prompt=goal.prompt, targets=list(goal.targets),
+            reasoning=goal.reasoning, response_schema=goal.response_schema,
+            max_tokens=goal.max_tokens, temperature=goal.temperature, greedy=goal.greedy,
+            limits=s.limits, constrain=s.constrain_structured_tasks)
+        if s.fixed_output_length:
+            spec = dataclasses.replace(
+                spec, sampling=dataclasses.replace(spec.sampling, ignore_eos=True))
+        timeout = _non_negative("timeout_s", goal.timeout_s, "number of seconds")
+        source = _check_source(goal)
+        for name in ("max_image_age_s", "wait_for_image_s", "clip_duration_s", "clip_fps"):
+            _non_negative(name, getattr(goal, name), "finite number")
+        duration = float(goal.clip_duration_s) or s.clip_duration_s
+        fps = float(goal.clip_fps) or s.clip_fps
+        if source is Source.CLIP:
+            if duration > s.max_clip_duration_s:
+                raise BadRequestError(f"clip_duration_s={duration:g} exceeds "
+                                      f"limits.max_clip_duration_s={s.max_clip_duration_s:g}")
+            if fps > MAX_CLIP_FPS:
+                raise BadRequestError(f"clip_fps={fps:g}: allowed 0 (default {s.clip_fps:g}) "
+                                      f"up to {MAX_CLIP_FPS:g}")
+        if check_engine:
+            health = self.runner.health()
+            if health.state.value in UNAVAILABLE_STATES:
+                raise EngineUnavailableError(f"engine {health.state.value}: {health.detail}")
+        return ValidGoal(goal, spec, source, timeout or s.goal_timeout_s,
+                         float(goal.max_image_age_s) or s.max_age_s,
+                         float(goal.wait_for_image_s) or s.wait_s, duration, fps)
+
+    # --- 2. frames and media -------------------------------------------------------------
+
+    def choose_frames(self, goal: ValidGoal, accepted_ns: int, deadline: float,
+                      should_stop: Callable[[], Stop | None] = lambda: None,
+                      ) -> list[StoredFrame[P]]:
+        """Return the frame(s) a goal is about: latest / next / ready-prefilled / a clip."""
+        if goal.source is Source.CLIP:
+            return self._clip_frames(goal)
+        wait_s = min(goal.wait_s, max(0.0, deadline - time.monotonic()))
+        if goal.source is Source.NEXT:
+            # "After acceptance": frames taken since the goal arrived, by the node clock (under
+            # sim time a paused /clock means a paused recording, so no wall time is mixed in).
+            frame = self._wait_frame(accepted_ns, wait_s, should_stop)
+            if frame is None:
+                raise NoImageError(f"no new frame on '{self.source_name}' within "
+                                   f"{wait_s:.2f} s")
+            return [frame]
+        frame = self.history.latest()
+        if frame is None:
+            frame = self._wait_frame(None, wait_s, should_stop)
+            if frame is None:
+                raise NoImageError(f"no image received on '{self.source_name}' yet "
+                                   f"(waited {wait_s:.2f} s)")
+        frame = self._ready_frame(frame)
+        self._check_age(frame, goal.max_age_s, "latest image")
+        return [frame]
+
+    def _check_age(self, frame: StoredFrame[P], max_age_s: float, what: str) -> None:
+        age_s = (self.clock_ns() - frame.stamp_ns) / 1e9
+        if max_age_s > 0 and age_s > max_age_s:
+            raise ImageTooOldError(f"{what} is {age_s:.3f} s old; max_image_age_s="
+                                   f"{max_age_s:g}")
+
+    def _clip_frames(self, goal: ValidGoal) -> list[StoredFrame[P]]:
+        s = self.settings
+        frames = self.history.clip(goal.clip_duration_s, goal.clip_fps,
+                                   max_frames=s.max_clip_frames)
+        if len(frames) < 2:
+            raise NoImageError(f"a {goal.clip_duration_s:g} s clip at {goal.clip_fps:g} fps "
+                               f"needs at least 2 frames; the history holds "
+                               f"{len(self.history)} (camera: {self.source_name})")
+        # "The last N seconds" means before now: a camera that stopped gives no clip.
+        self._check_age(frames[-1], goal.max_age_s, "the clip's newest frame")
+        return frames
+
+    def _ready_frame(self, newest: StoredFrame[P]) -> StoredFrame[P]:
+        """Return the newest frame, or a slightly older one whose prefix the engine holds."""
+        within_ns = int(self.settings.ready_frame_within_s * 1e9)
+        if within_ns <= 0 or self.prefill is None:
+            return newest
+        candidates = [newest] + [f for f in reversed(self.history.snapshot()) if f is not newest
+                                 and 0 <= newest.stamp_ns - f.stamp_ns <= within_ns]
+        stamp = self.prefill.ready_frame([f.stamp_ns for f in candidates])
+        return next((f for f in candidates if f.stamp_ns == stamp), newest)
+
+    def _wait_frame(self, after_ns: int | None, wait_s: float,
+                    should_stop: Callable[[], Stop | None]) -> StoredFrame[P] | None:
+        end = time.monotonic() + wait_s
+        while True:
+            remaining = end - time.monotonic()
+            frame = self.history.wait_for_next(after_ns, min(POLL_S * 4, max(0.0, remaining)))
+            if frame is not None:
+                return frame
+            stop = should_stop()
+            if stop is not None:
+                raise _interrupted(stop, "while waiting for an image")
+            if remaining <= 0:
+                return None
+
+    def prepare_frame(self, frame: StoredFrame[P]) -> Media:
+        """Decode and resize one stored frame: one path for goals and prefills alike."""
+        return self.prepare_image(self.read_frame(frame.payload), frame.stamp_ns)
+
+    def prepare_image(self, image: ImageMessage, stamp_ns: int | None = None) -> Media:
+        """Decode ``image`` straight to the model's input size; keep the geometry."""
+        s = self.settings
+        max_px = s.decode_max_pixels
+        stamp = image.stamp_ns if stamp_ns is None else stamp_ns
+        if image.compressed or not (image.width and image.height):
+            rgb = imaging.message_to_rgb(image, max_px)
+            prepared = query.prepare_image(s.profile, rgb, s.limits)
+            return Media(prepared, [stamp], image.frame_id, image.stamp_ns, lambda: rgb)
+        # Converted and resized in one pass (colour conversion at the model's resolution).
+        size = query.input_size(s.profile, image.width, image.height, s.limits)
+        rgb = imaging.message_to_rgb(image, max_px, size)
+        prepared = query.prepare_image(s.profile, rgb, s.limits,
+                                       original_size=(image.width, image.height))
+        return Media(prepared, [stamp], image.frame_id, image.stamp_ns,
+                     lambda: imaging.message_to_rgb(image, max_px))
+
+    def prepare_clip(self, frames: list[StoredFrame[P]], fps: float) -> Media:
+        """Decode a clip's frames and resize them within the video budget."""
+        s = self.settings
+        images = [self.read_frame(f.payload) for f in frames]
+        rgbs = [imaging.message_to_rgb(m, s.decode_max_pixels) for m in images]
+        stamps = [f.stamp_ns for f in frames]
+        prepared = query.prepare_clip(s.profile, rgbs, stamps, fps, s.limits)
+        return Media(prepared, stamps, images[-1].frame_id, images[-1].stamp_ns,
+                     lambda: rgbs[-1])
+
+    def media_for(self, goal: ValidGoal, accepted_ns: int, deadline: float,
+                  should_stop: Callable[[], Stop | None] = lambda: None,
+                  on_stage: Callable[[Stage], None] = lambda _s: None) -> Media:
+        """Choose and prepare the goal's media, reporting the stages it passes."""
+        if goal.source is Source.GOAL_IMAGE:
+            on_stage(Stage.PREPROCESSING)
+            assert goal.fields.image is not None  # validate() checked it
+            return self.prepare_image(goal.fields.image)
+        if goal.source is not Source.CLIP:
+            on_stage(Stage.WAITING_FOR_IMAGE)
+        frames = self.choose_frames(goal, accepted_ns, deadline, should_stop)
+        on_stage(Stage.PREPROCESSING)
+        if goal.source is Source.CLIP:
+            return self.prepare_clip(frames, goal.clip_fps)
+        return self.prepare_frame(frames[0])
+
+    # --- 3. request ----------------------------------------------------------------------
+
+    def build_request(self, goal: ValidGoal, media: Media, priority: int = 0,
+                      request_id: str | None = None) -> ChatRequest:
+        """Build the engine request for a goal about prepared media."""
+        return query.build_request(
+            request_id or uuid.uuid4().hex, self.settings.profile, goal.spec, media.prepared,
+            priority=priority,
+            engine_constrains_after_reasoning=self.settings.engine_constrains_after_reasoning)
+
+    # --- the whole run -------------------------------------------------------------------
+
+    def run(self, goal: ValidGoal, *, t_start: float, accepted_ns: int,
+            should_stop: Callable[[], Stop | None] = lambda: None,
+            on_stage: Callable[[Stage], None] = lambda _s: None,
+            on_progress: Callable[[str, int], None] = lambda _t, _n: None,
+            priority: int = 0, is_goal: bool = True) -> GoalRun:
+        """Frames -> media -> request -> engine -> outcome; never raises a package error.
+
+        ``t_start`` (monotonic) is when the goal was accepted: the deadline and the
+        time to first token count from it. Errors end up in ``GoalRun.error``; after a stop,
+        a timeout or an engine error the outcome holds what was generated until then.
+        """
+        run = GoalRun()
+        deadline = t_start + goal.timeout_s
+        t_media = time.monotonic()
+        try:
+            run.media = self.media_for(goal, accepted_ns, deadline, should_stop, on_stage)
+            run.preprocess_s = time.monotonic() - t_media
+            newest = run.media.stamps_ns[-1]
+            if self.prefill is not None:
+                cancel = self.prefill.make_way_for(newest)
+                if cancel is not None:
+                    cancel()  # a prefill of another frame must not delay this goal
+                if is_goal:
+                    self.prefill.goal_frame(newest)
+            run.request = self.build_request(goal, run.media, priority)
+            self._generate(run, goal, deadline, t_start, should_stop, on_stage, on_progress)
+        except CosmosReasonError as e:
+            run.error = e
+        return run
+
+    def _generate(self, run: GoalRun, goal: ValidGoal, deadline: float, t_start: float,
+                  should_stop: Callable[[], Stop | None], on_stage: Callable[[Stage], None],
+                  on_progress: Callable[[str, int], None]) -> None:
+        assert run.media is not None and run.request is not None
+        output = query.OutputAccumulator()
+        min_interval = 1.0 / self.settings.feedback_rate_hz
+        pending: list[str] = []
+        last_progress = 0.0
+        t_submit = time.monotonic()
+        handle = self.runner.submit(run.request)
+        on_stage(Stage.GENERATING)
+        stopped: CosmosReasonError | None = None
+        stop_at = 0.0
+        try:
+            while True:
+                if stopped is None:
+                    stop = should_stop()
+                    if stop is not None:
+                        stopped = _interrupted(stop, "during generation")
+                    elif time.monotonic() > deadline:
+                        stopped = DeadlineExceededError("goal timed out during generation")
+                    if stopped is not None:
+                        handle.cancel()
+                        stop_at = time.monotonic()
+                elif time.monotonic() - stop_at > CANCEL_GRACE_S:
+                    break  # the engine did not confirm in time; the goal ends anyway
+                chunk = handle.next_chunk(POLL_S)
+                if chunk is None:
+                    continue
+                output.add(chunk)
+                pending.append(chunk.reasoning_delta + chunk.text_delta)
+                now = time.monotonic()
+                if chunk.finish_reason is None and now - last_progress >= min_interval:
+                    on_progress("".join(pending), output.output_tokens)
+                    pending.clear()
+                    last_progress = now
+                if chunk.finish_reason is not None:
+                    break
+        except CosmosReasonError as e:
+            stopped = e  # an engine failure mid-stream: keep what was generated
+        if pending and stopped is None:
+            on_progress("".join(pending), output.output_tokens)
+        run.time_to_first_token_s = (t_submit - t_start) + (output.first_token_s or 0.0)
+        if stopped is not None:
+            if isinstance(stopped, DeadlineExceededError):
+                stopped = DeadlineExceededError(f"goal timed out during generation after "
+                                                f"{output.output_tokens} tokens")
+            if output.finish_reason is None or output.finish_reason is FinishReason.STOP:
+                output.finish_reason = FinishReason.CANCELLED
+        run.outcome = query.finish(self.settings.profile, goal.spec, run.media.prepared, output,
+                                   Timings(time_to_first_token_s=run.time_to_first_token_s))
+        if stopped is not None:
+            raise stopped
+
+
+def _non_negative(name: str, value: float, what: str) -> float:
+    value = float(value)
+    if not math.isfinite(value) or value < 0:
+        raise BadRequestError(f"{name}={value!r}: allowed 0 (node default) or a positive "
+                              f"{what}")
+    return value
+
+
+def _check_source(goal: GoalFields) -> Source:
+    try:
+        source = Source(goal.source)
+    except ValueError:
+        raise BadRequestError(f"source={goal.source} is unknown; allowed 0 (latest), 1 (next), "
+                              f"2 (clip), 3 (image in goal)") from None
+    if source is Source.GOAL_IMAGE:
+        if goal.images_in_goal != 1 or goal.image is None:
+            raise BadRequestError("source=SOURCE_GOAL_IMAGE needs exactly one of image and "
+                                  "compressed_image filled")
+    elif goal.images_in_goal:
+        raise BadRequestError(f"the goal carries an image but source={goal.source}; set "
+                              f"source=SOURCE_GOAL_IMAGE ({int(Source.GOAL_IMAGE)}) to use it")
+    return source
+
+
+def _interrupted(stop: Stop, where: str) -> CosmosReasonError:
+    if stop is Stop.CANCEL:
+        return RequestCancelledError(f"cancelled {where}")
+    return EngineUnavailableError(f"node shutting down {where}")

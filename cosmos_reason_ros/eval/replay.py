@@ -1,0 +1,717 @@
+"""Replay a rosbag2 recording against a scenario of questions; score, record and report.
+
+    # through a running node (started with use_sim_time:=true, camera remapped as needed)
+    replay BAG --scenario S.yaml --out DIR
+    replay BAG --scenario S.yaml --out DIR --rate 2        # twice the recorded rate
+    replay BAG --scenario S.yaml --out DIR --rate max      # as fast as the node keeps up
+    # offline: the same requests straight to an engine, no ROS (quick prompt iteration)
+    replay BAG --scenario S.yaml --out DIR --mode offline --preset cpu_demo --model /models/m
+
+Node mode publishes the bag's messages (sqlite3 or mcap, read with ``rosbags``) under their
+recorded topic names (``--remap FROM:=TO`` to rename) with ``/clock`` following the bag time,
+and sends each scheduled query as a ``~/reason`` goal (``--node-name``). At the recorded rate
+goals run while the stream goes on, like on the robot; with ``--rate max`` each goal is answered
+before the stream moves on, so every query sees the frame at its scheduled time.
+
+Offline mode builds the very requests the node builds (``core.query``: same resize, prompts,
+schema and sampling) from the bag's frames at each query time and runs them on an engine
+made from a config preset.
+
+Outputs in ``--out``: ``results.jsonl`` (one line per query: the ``ReasoningResult`` in plain
+form, the status and the scores), ``results_bag/`` (the same ``ReasoningResult`` messages,
+readable by ``ros2 bag`` and ``rosbags``), ``report.html`` with ``latency.png`` and annotated
+frames, ``summary.json``. Exit status: 0 when nothing regressed, 1 when a scored expectation
+failed (or a goal failed, with the scenario's ``fail_on_error``), 2 for a bad scenario, bag or
+argument, 3 when the node or engine cannot be reached.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import logging
+import math
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cosmos_reason_ros.core.types import CosmosReasonError, ErrorCode, FinishReason
+from cosmos_reason_ros.eval import bagio, report, scoring
+from cosmos_reason_ros.eval.scenario import (
+    Scenario,
+    ScenarioError,
+    ScheduledQuery,
+    build_schedule,
+    load_scenario,
+)
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SOURCES = {"latest": 0, "next": 1, "clip": 2}
+EXIT_OK, EXIT_REGRESSION, EXIT_BAD_INPUT, EXIT_UNREACHABLE = 0, 1, 2, 3
+NS = 1_000_000_000
+NEXT_FRAMES = 3  # frames published after a 'next' goal before --rate max waits for it
+_LOG = logging.getLogger("replay")
+
+
+class ReplayError(Exception):
+    """The replay cannot go on; ``exit_code`` says why (bad input or unreachable)."""
+
+    def __init__(self, message: str, exit_code: int = EXIT_UNREACHABLE) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+@dataclass
+class ReplayConfig:
+    """What to replay, how, and where the outputs go."""
+
+    bag: Path
+    scenario: Path
+    out: Path
+    mode: str = "node"  # node | offline
+    rate: float | None = 1.0  # None: as fast as the node keeps up
+    image_topic: str = ""
+    node_name: str = "cosmos_reason"
+    remaps: dict[str, str] = field(default_factory=dict)
+    preset: str = "cpu_demo"  # offline: config preset name or path
+    model: str = ""  # offline: overrides engine.model
+    results_storage: str = ""  # default: the input bag's storage
+    goal_timeout_s: float = 300.0  # replay-side bound on waiting for one result
+    connect_timeout_s: float = 30.0
+    settle_s: float = 0.2  # --rate max: let the last frame arrive before a goal
+    progress: bool = True
+    report_frames: int = 200  # annotated frames written at most
+
+
+@dataclass
+class ReplayRun:
+    """What a replay produced."""
+
+    records: list[dict[str, Any]]
+    summary: scoring.Summary
+    jsonl: Path
+    results_bag: Path
+    report: Path | None
+
+    @property
+    def exit_code(self) -> int:
+        """0 when nothing regressed, else 1."""
+        return EXIT_OK if self.summary.ok else EXIT_REGRESSION
+
+
+# --- records -----------------------------------------------------------------------------------
+
+
+def _stamp_plain(ns: int) -> dict[str, int]:
+    ns = max(0, int(ns))
+    return {"sec": ns // NS, "nanosec": ns % NS}
+
+
+def _plain_ns(stamp: dict[str, int] | None) -> int:
+    return 0 if not stamp else int(stamp["sec"]) * NS + int(stamp["nanosec"])
+
+
+def error_result(error: CosmosReasonError, item: ScheduledQuery, model: str = "",
+                 header: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Plain ``ReasoningResult`` of a query that failed before or during generation."""
+    cancelled = error.code is ErrorCode.CANCELLED
+    return {"header": header or {}, "origin": "goal", "model": model, "task": item.query.goal.task,
+            "prompt": item.query.goal.prompt, "error_code": int(error.code),
+            "error_message": error.message,
+            "finish_reason": (FinishReason.CANCELLED if cancelled else FinishReason.ERROR).value}
+
+
+class Recorder:
+    """Turns results into records (scored), writes the JSONL file and the results bag."""
+
+    def __init__(self, cfg: ReplayConfig, scenario: Scenario, info: bagio.BagInfo,
+                 truth: bagio.GroundTruth) -> None:
+        """Open the outputs (``cfg.out`` must not hold a previous run's results bag)."""
+        self.cfg, self.scenario, self.info, self.truth = cfg, scenario, info, truth
+        cfg.out.mkdir(parents=True, exist_ok=True)
+        self.jsonl_path = cfg.out / "results.jsonl"
+        self.bag_path = cfg.out / "results_bag"
+        if self.bag_path.exists():
+            raise ReplayError(f"{self.bag_path} exists: choose a new --out or remove it",
+                              EXIT_BAD_INPUT)
+        # Records are streamed here as they finish (a crash keeps them); the final JSONL and
+        # the results bag are written in schedule order by ``close``.
+        self.partial_path = cfg.out / "results.jsonl.partial"
+        self._partial = self.partial_path.open("w", encoding="utf-8")
+        self.records: list[dict[str, Any]] = []
+        self._cdr: dict[int, bytes] = {}
+        self._lock = threading.Lock()
+
+    def add(self, item: ScheduledQuery, status: str, plain: dict[str, Any]) -> dict[str, Any]:
+        """Score one result, append it to the JSONL file and the bag; return the record."""
+        result, cdr = bagio.canonical_result(plain)
+        stamp = _plain_ns(result["header"]["stamp"])
+        truth = bagio.truth_at(self.truth, stamp) if stamp else None
+        scores = scoring.score_result(item.query.expect, result, truth)
+        scheduled_ns = self.info.start_ns + int(round(item.t_s * NS))
+        record = {
+            "query": item.query.name, "occurrence": item.occurrence, "t_s": item.t_s,
+            "mode": self.cfg.mode, "status": status,
+            "frame_offset_s": (stamp - scheduled_ns) / NS if stamp else None,
+            "ground_truth": {k: list(v) for k, v in truth.items()} if truth else None,
+            "scores": [s.to_dict() for s in scores], "result": result,
+        }
+        record["regression"] = scoring.is_regression(record, self.scenario.fail_on_error)
+        with self._lock:
+            self._partial.write(json.dumps(record, ensure_ascii=False) + "\n")
+            self._partial.flush()
+            self._cdr[id(record)] = cdr
+            self.records.append(record)
+        return record
+
+    def close(self, schedule: tuple[ScheduledQuery, ...]) -> list[dict[str, Any]]:
+        """Write the JSONL file and the results bag in schedule order; return the records.
+
+        Bag times are the scheduled times (strictly increasing: queries scheduled together
+        are 1 ns apart), so ``ros2 bag`` and ``rosbags`` read the results in this order too.
+        """
+        self._partial.close()
+        order = {(s.query.name, s.occurrence): i for i, s in enumerate(schedule)}
+        records = sorted(self.records, key=lambda r: order[(r["query"], r["occurrence"])])
+        last_ns = 0
+        with self.jsonl_path.open("w", encoding="utf-8") as jsonl, bagio.ResultsBagWriter(
+                self.bag_path, self.cfg.results_storage or self.info.storage,
+                topic=f"/{self.cfg.node_name}/results") as bag:
+            for r in records:
+                jsonl.write(json.dumps(r, ensure_ascii=False) + "\n")
+                last_ns = max(last_ns + 1, self.info.start_ns + int(round(r["t_s"] * NS)))
+                bag.write(self._cdr[id(r)], last_ns)
+        self.partial_path.unlink()
+        return records
+
+
+# --- through the node --------------------------------------------------------------------------
+
+
+def _ros_class(msgtype: str) -> Any:
+    pkg, _, name = msgtype.split("/")
+    return getattr(importlib.import_module(f"{pkg}.msg"), name)
+
+
+@dataclass
+class _Pending:
+    item: ScheduledQuery
+    handle: Any
+    stage: threading.Event
+    frames_needed: int = 0
+
+
+def run_through_node(cfg: ReplayConfig, scenario: Scenario, schedule: tuple[ScheduledQuery, ...],
+                     info: bagio.BagInfo, image_topic: str, recorder: Recorder,
+                     tick: Callable[[], None]) -> None:
+    """Publish the bag (and /clock) to a running node and send the scheduled goals."""
+    import rclpy
+    from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
+    from rosgraph_msgs.msg import Clock
+
+    from cosmos_reason_ros.client import ReasonClient
+
+    context = rclpy.context.Context()
+    rclpy.init(context=context)
+    node = rclpy.create_node("cosmos_reason_replay", context=context)
+    client = None
+    try:
+        qos = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=10,
+                         reliability=ReliabilityPolicy.RELIABLE)
+        publishers: dict[str, Any] = {}
+        for topic, msgtype in sorted(info.topics.items()):
+            try:
+                cls = _ros_class(msgtype)
+            except (ImportError, AttributeError, ValueError):
+                _LOG.warning("topic %s: message type %s is not installed; not replayed",
+                             topic, msgtype)
+                continue
+            publishers[topic] = node.create_publisher(cls, cfg.remaps.get(topic, topic), qos)
+        clock_pub = node.create_publisher(Clock, "/clock", qos)
+        # Its own participant: never behind the recorded frames this process publishes.
+        client = ReasonClient(f"/{cfg.node_name}/reason",
+                              node_name="cosmos_reason_replay_client")
+        if not client.wait_for_server(cfg.connect_timeout_s):
+            raise ReplayError(f"no action server /{cfg.node_name}/reason within "
+                              f"{cfg.connect_timeout_s:g} s: is the node running (with "
+                              f"use_sim_time:=true)? set --node-name if it has another name")
+        camera = publishers[image_topic]
+        deadline = time.monotonic() + cfg.connect_timeout_s
+        while camera.get_subscription_count() == 0:
+            if time.monotonic() > deadline:
+                raise ReplayError(f"nobody subscribes to {camera.topic_name} (the bag's "
+                                  f"{image_topic}): remap the node's camera topic to it, or "
+                                  f"--remap {image_topic}:=/image")
+            time.sleep(0.05)  # DDS discovery; bounded above
+        _NodePlayer(cfg, schedule, info, image_topic, recorder, tick, client, publishers,
+                    clock_pub, Clock).play()
+    finally:
+        if client is not None:
+            client.close()
+        node.destroy_node()
+        rclpy.try_shutdown(context=context)
+
+
+class _NodePlayer:
+    """The publishing loop of node mode (one thread; results come back on the client's)."""
+
+    def __init__(self, cfg: ReplayConfig, schedule: tuple[ScheduledQuery, ...],
+                 info: bagio.BagInfo, image_topic: str, recorder: Recorder,
+                 tick: Callable[[], None], client: Any, publishers: dict[str, Any],
+                 clock_pub: Any, clock_cls: Any) -> None:
+        self.cfg, self.schedule, self.info, self.image_topic = cfg, schedule, info, image_topic
+        self.recorder, self.tick, self.client = recorder, tick, client
+        self.publishers, self.clock_pub, self.clock_cls = publishers, clock_pub, clock_cls
+        self.pending: list[_Pending] = []
+        self.wall0 = time.monotonic()
+        self.clock_ns = 0
+
+    def publish_clock(self, ns: int) -> None:
+        if ns <= self.clock_ns:
+            return
+        self.clock_ns = ns
+        msg = self.clock_cls()
+        msg.clock.sec, msg.clock.nanosec = ns // NS, ns % NS
+        self.clock_pub.publish(msg)
+
+    def advance_to(self, ns: int) -> None:
+        """Pace to bag time ``ns`` (at the rate), publishing /clock at ~50 Hz meanwhile."""
+        if self.cfg.rate is not None:
+            target = self.wall0 + (ns - self.info.start_ns) / NS / self.cfg.rate
+            while (remaining := target - time.monotonic()) > 0:
+                elapsed = (time.monotonic() - self.wall0) * self.cfg.rate
+                self.publish_clock(self.info.start_ns + int(elapsed * NS))
+                self.collect(block=False)
+                time.sleep(min(0.02, remaining))
+        self.publish_clock(ns)
+
+    def play(self) -> None:
+        goals = iter(self.schedule)
+        item = next(goals, None)
+        for topic, _msgtype, t_ns, data in bagio.messages(self.info.path, list(self.publishers)):
+            while item is not None and self.info.start_ns + item.t_s * NS < t_ns:
+                self.send(item)
+                item = next(goals, None)
+            if self.cfg.rate is None:
+                self.collect(block=True)
+            self.advance_to(t_ns)
+            self.publishers[topic].publish(data)  # the recorded CDR bytes as they are
+            if topic == self.image_topic:
+                for p in self.pending:
+                    p.frames_needed = max(0, p.frames_needed - 1)
+                if self.cfg.rate is None:
+                    time.sleep(0.005)  # --rate max: a floor between frames (queues stay small)
+        while item is not None:
+            self.send(item)
+            item = next(goals, None)
+        deadline = time.monotonic() + self.cfg.goal_timeout_s
+        while self.pending and time.monotonic() < deadline:
+            self.collect(block=False)
+            time.sleep(0.02)
+        for p in list(self.pending):  # bounded above: these never answered
+            p.handle.cancel()
+            self.finish(p, "timeout", error_result(CosmosReasonError(
+                f"no result within {self.cfg.goal_timeout_s:g} s (replay's goal timeout)"),
+                p.item) | {"error_code": int(ErrorCode.TIMEOUT)})
+
+    def send(self, item: ScheduledQuery) -> None:
+        from cosmos_reason_ros.client import ReasonClient
+
+        g = item.query.goal
+        self.advance_to(self.info.start_ns + int(round(item.t_s * NS)))
+        if self.cfg.rate is None:
+            self.collect(block=True)
+            # Reliable camera subscribers have the frames once they acknowledge them (a busy
+            # node can lag the replayer by several frames); best effort gets a short settle.
+            from rclpy.duration import Duration
+
+            for publisher in self.publishers.values():
+                publisher.wait_for_all_acked(Duration(seconds=5.0))
+            time.sleep(self.cfg.settle_s)
+        goal = ReasonClient.goal(
+            g.prompt, g.task, g.targets, reasoning=g.reasoning, source=SOURCES[g.source],
+            clip_duration_s=g.clip_duration_s, clip_fps=g.clip_fps, max_tokens=g.max_tokens,
+            temperature=g.temperature, greedy=g.greedy, response_schema=g.response_schema,
+            max_image_age_s=g.max_image_age_s, wait_for_image_s=g.wait_for_image_s,
+            timeout_s=g.timeout_s)
+        stage = threading.Event()
+
+        def on_feedback(fb: Any) -> None:
+            if fb.stage == "waiting_for_image":
+                stage.set()
+
+        # A 'next' goal needs frames published after its acceptance before anyone waits on
+        # it; a few, in case a best-effort camera subscription drops one.
+        pending = _Pending(item, self.client.submit(goal, on_feedback), stage,
+                           frames_needed=NEXT_FRAMES if g.source == "next" else 0)
+        self.pending.append(pending)
+        if g.source == "next":
+            # The recording pauses (no frames, /clock held at the query time) until the node
+            # waits for the goal's frame, so the next recorded frame is also the next one taken
+            # after the goal's acceptance by the node's (sim) clock.
+            end = time.monotonic() + self.cfg.connect_timeout_s
+            while not stage.wait(0.02) and not pending.handle.future.done() \
+                    and time.monotonic() < end:
+                pass
+
+    def collect(self, block: bool) -> None:
+        """Record finished goals; with ``block``, first wait for those not needing frames."""
+        for p in list(self.pending):
+            if block and p.frames_needed == 0 and not p.handle.future.done():
+                try:
+                    p.handle.result(self.cfg.goal_timeout_s)
+                except TimeoutError:
+                    pass
+            if p.handle.future.done():
+                try:
+                    result = p.handle.result(0)
+                    self.finish(p, result.status, bagio.to_plain(result.message))
+                except Exception as e:  # noqa: BLE001 - a transport error ends this goal
+                    self.finish(p, "error", error_result(CosmosReasonError(str(e)), p.item))
+            elif block and p.frames_needed == 0:
+                p.handle.cancel()
+                self.finish(p, "timeout", error_result(CosmosReasonError(
+                    f"no result within {self.cfg.goal_timeout_s:g} s"), p.item)
+                    | {"error_code": int(ErrorCode.TIMEOUT)})
+
+    def finish(self, p: _Pending, status: str, plain: dict[str, Any]) -> None:
+        self.pending.remove(p)
+        self.recorder.add(p.item, status, plain)
+        self.tick()
+
+
+# --- offline ------------------------------------------------------------------------------------
+
+
+def _preset_path(preset: str) -> Path:
+    path = Path(preset)
+    if path.suffix in (".yaml", ".yml") and path.is_file():
+        return path
+    candidates = [REPO_ROOT / "config" / f"{preset}.yaml"]
+    try:
+        from ament_index_python.packages import get_package_share_directory
+
+        candidates.append(Path(get_package_share_directory("cosmos_reason_ros")) / "config"
+                          / f"{preset}.yaml")
+    except Exception:  # noqa: BLE001 - not installed: the source tree's presets only
+        pass
+    for c in candidates:
+        if c.is_file():
+            return c
+    raise ReplayError(f"--preset {preset!r}: no such preset file (looked for "
+                      f"{', '.join(str(c) for c in candidates)})", EXIT_BAD_INPUT)
+
+
+class OfflineRunner:
+    """Answers scheduled queries from the bag's frames with an engine, as the node would."""
+
+    def __init__(self, cfg: ReplayConfig, engine: Any = None) -> None:
+        """Load the preset (the node's parameter table) and start its engine (or ``engine``)."""
+        from cosmos_reason_ros.core.models import detect_profile
+        from cosmos_reason_ros.engines.factory import create_engine
+        from cosmos_reason_ros.engines.runner import EngineRunner
+        from cosmos_reason_ros.ros.config import (
+            ConfigError,
+            engine_options,
+            load_yaml_params,
+            validate,
+        )
+
+        try:
+            values = load_yaml_params(str(_preset_path(cfg.preset)))
+            if cfg.model:
+                values["engine.model"] = cfg.model
+            p = self.params = validate(values)
+            self.profile = detect_profile(p["engine.model"] or "unknown",
+                                          None if p["model.family"] == "auto"
+                                          else p["model.family"])
+        except (ConfigError, CosmosReasonError) as e:
+            raise ReplayError(f"--preset/--model: {e}", EXIT_BAD_INPUT) from e
+        self.runner = EngineRunner(engine or create_engine(p["engine.kind"], engine_options(p)))
+        try:
+            self.runner.start(timeout_s=p["engine.start_timeout_s"])
+        except CosmosReasonError as e:
+            self.runner.close()
+            raise ReplayError(f"engine did not start: {e.message}") from e
+
+    def close(self) -> None:
+        """Shut the engine down."""
+        self.runner.close()
+
+    def run(self, schedule: tuple[ScheduledQuery, ...], info: bagio.BagInfo, image_topic: str,
+            recorder: Recorder, tick: Callable[[], None]) -> None:
+        """Step through the bag's frames and answer each query at its time, as the node would.
+
+        Frames are stored serialized, as the node stores them, in a history whose clock is the
+        query's bag time; the node's goal pipeline chooses, decodes and asks.
+        """
+        from cosmos_reason_ros.core.frames import FrameHistory
+        from cosmos_reason_ros.core.pipeline import GoalPipeline, Settings
+        from cosmos_reason_ros.ros.cdr import header_stamp_ns, read_stored_frame
+
+        p = self.params
+        now = [info.start_ns]
+        history: FrameHistory[tuple[bool, bytes]] = FrameHistory(
+            max_frames=p["image.history_frames"], max_bytes=int(p["image.history_mb"] * 2**20),
+            clock=lambda: now[0])
+        self.pipeline = GoalPipeline(Settings.from_params(p, self.profile), self.runner,
+                                     history, read_stored_frame, lambda: now[0],
+                                     source_name=image_topic)
+        frames: Iterator[tuple[str, str, int, bytes]] = bagio.messages(info.path, [image_topic])
+        ahead = next(frames, None)
+
+        def store(frame: tuple[str, str, int, bytes]) -> None:
+            _topic, msgtype, t_recv, data = frame
+            history.append((msgtype == bagio.COMPRESSED_TYPE, data),
+                           header_stamp_ns(data) or t_recv, nbytes=len(data), received_ns=t_recv)
+
+        for item in schedule:
+            t_ns = info.start_ns + int(round(item.t_s * NS))
+            now[0] = t_ns
+            while ahead is not None and ahead[2] <= t_ns:
+                store(ahead)
+                ahead = next(frames, None)
+            if item.query.goal.source == "next" and ahead is not None:
+                store(ahead)  # the frame that arrives after the goal
+                ahead = next(frames, None)
+            status, plain = self.answer(item, t_ns)
+            recorder.add(item, status, plain)
+            tick()
+
+    def answer(self, item: ScheduledQuery, t_ns: int) -> tuple[str, dict[str, Any]]:
+        """One query through the goal pipeline; errors become error results."""
+        from cosmos_reason_ros.core.pipeline import GoalFields
+
+        g = item.query.goal
+        t0 = time.monotonic()
+        fields = GoalFields(
+            task=g.task, prompt=g.prompt, targets=tuple(g.targets), reasoning=g.reasoning,
+            source=SOURCES[g.source], max_image_age_s=g.max_image_age_s,
+            # Offline nothing arrives later: a 'next' frame is stored before asking.
+            wait_for_image_s=g.wait_for_image_s or 0.001, clip_duration_s=g.clip_duration_s,
+            clip_fps=g.clip_fps, response_schema=g.response_schema, max_tokens=g.max_tokens,
+            temperature=g.temperature, greedy=g.greedy, timeout_s=g.timeout_s)
+        header: dict[str, Any] = {}
+        try:
+            valid = self.pipeline.validate(fields)
+            run = self.pipeline.run(valid, t_start=t0, accepted_ns=t_ns)
+            if run.media is not None:
+                header = {"stamp": _stamp_plain(run.media.header_stamp_ns),
+                          "frame_id": run.media.frame_id}
+            if run.error is not None:
+                raise run.error
+        except CosmosReasonError as e:
+            plain = error_result(e, item, self.runner.model_name, header)
+            plain["total_s"] = time.monotonic() - t0
+            return "aborted", plain
+        assert run.media is not None and run.outcome is not None
+        plain = outcome_plain(run.outcome, run.media.prepared.geometry, run.media.stamps_ns,
+                              run.media.clip_start_ns)
+        plain.update(header=header, goal_id=uuid.uuid4().hex, origin="goal",
+                     model=self.runner.model_name, task=valid.spec.task.value, prompt=g.prompt,
+                     preprocess_s=run.preprocess_s,
+                     time_to_first_token_s=run.time_to_first_token_s,
+                     total_s=time.monotonic() - t0)
+        return "succeeded", plain
+
+
+def outcome_plain(outcome: Any, geometry: Any, stamps_ns: list[int],
+                  clip_start_ns: int | None) -> dict[str, Any]:
+    """Return the plain ``ReasoningResult`` fields of an outcome (the node's ``fill_outcome``)."""
+    parsed = outcome.parsed
+
+    def point(pt: Any) -> dict[str, Any]:
+        return {"label": pt.label, "x": float(pt.x), "y": float(pt.y)}
+
+    start = clip_start_ns or 0
+    return {
+        "frame_stamps": [_stamp_plain(s) for s in stamps_ns],
+        "raw_text": parsed.raw_text, "reasoning": parsed.reasoning, "answer": parsed.answer,
+        "answer_json": parsed.answer_json or "",
+        "boxes": [{"label": b.label, "score": None if b.score is None else float(b.score),
+                   "x_min": float(b.x_min), "y_min": float(b.y_min), "x_max": float(b.x_max),
+                   "y_max": float(b.y_max), "degenerate": bool(b.degenerate)}
+                  for b in outcome.boxes],
+        "points": [point(pt) for pt in outcome.points],
+        "trajectories": [{"label": t.label, "points": [point(pt) for pt in t.points]}
+                         for t in outcome.trajectories],
+        "spans": [{"start_s": float(s.start_s), "end_s": float(s.end_s), "caption": s.caption,
+                   "start_stamp": _stamp_plain(start + s.start_s * NS),
+                   "end_stamp": _stamp_plain(start + s.end_s * NS)} for s in parsed.spans],
+        "parsed": list(parsed.found), "parse_problems": list(parsed.problems),
+        "image_width": geometry.original_width, "image_height": geometry.original_height,
+        "input_width": geometry.input_width, "input_height": geometry.input_height,
+        "prompt_tokens": outcome.tokens.prompt, "output_tokens": outcome.tokens.output,
+        "cached_prompt_tokens": outcome.tokens.cached_prompt,
+        "finish_reason": outcome.finish_reason.value, "error_code": int(ErrorCode.OK),
+    }
+
+
+# --- the run -----------------------------------------------------------------------------------
+
+
+def write_frames(cfg: ReplayConfig, info: bagio.BagInfo, image_topic: str,
+                 records: list[dict[str, Any]]) -> dict[int, str]:
+    """Second pass over the bag: draw each answered query's frame (bounded count)."""
+    wanted: dict[int, list[int]] = {}
+    for i, r in enumerate(records):
+        stamp = _plain_ns(r["result"]["header"].get("stamp"))
+        if stamp and len(wanted) < cfg.report_frames:
+            wanted.setdefault(stamp, []).append(i)
+    store = bagio.typestore()
+    written: dict[int, str] = {}
+    for _topic, msgtype, _t, data in bagio.messages(info.path, [image_topic]):
+        if len(written) == sum(len(v) for v in wanted.values()):
+            break
+        msg = store.deserialize_cdr(data, msgtype)
+        for i in wanted.get(bagio.header_stamp_ns(msg), ()):
+            try:
+                rgb = bagio.decode_image(msg, msgtype)
+                written[i] = report.write_frame(cfg.out, i, records[i], rgb)
+            except CosmosReasonError as e:
+                _LOG.warning("frame for %s not drawn: %s", records[i]["query"], e.message)
+    return written
+
+
+def run_replay(cfg: ReplayConfig) -> ReplayRun:
+    """Replay ``cfg.bag`` against ``cfg.scenario``; raise ``ReplayError`` if it cannot run."""
+    try:
+        scenario = load_scenario(cfg.scenario)
+        info = bagio.bag_info(cfg.bag)
+        image_topic = bagio.pick_image_topic(info, cfg.image_topic or scenario.image_topic)
+        schedule = build_schedule(scenario, info.duration_s)
+        truth = bagio.load_ground_truth(cfg.bag, scenario.ground_truth_topic)
+    except (ScenarioError, bagio.BagError) as e:
+        raise ReplayError(str(e), EXIT_BAD_INPUT) from e
+    offline = OfflineRunner(cfg) if cfg.mode == "offline" else None
+    recorder = Recorder(cfg, scenario, info, truth)
+    bar = _progress(len(schedule), cfg.progress)
+    try:
+        if offline is not None:
+            offline.run(schedule, info, image_topic, recorder, bar.update)
+        else:
+            run_through_node(cfg, scenario, schedule, info, image_topic, recorder, bar.update)
+    finally:
+        bar.close()
+        if offline is not None:
+            offline.close()
+    records = recorder.close(schedule)
+    summary = scoring.summarize(records, scenario.fail_on_error)
+    (cfg.out / "summary.json").write_text(json.dumps(
+        {**summary.to_dict(), "scenario": scenario.name, "bag": str(cfg.bag),
+         "mode": cfg.mode}, indent=1))
+    frames = write_frames(cfg, info, image_topic, records)
+    meta = {"scenario": scenario.name, "bag": f"{cfg.bag} ({info.storage}, "
+            f"{info.duration_s:.2f} s)", "image topic": image_topic, "mode": cfg.mode,
+            "rate": "max" if cfg.rate is None else f"{cfg.rate:g}x"}
+    html = report.write_report(cfg.out, records, frames, meta, summary.to_dict())
+    return ReplayRun(records, summary, recorder.jsonl_path, recorder.bag_path, html)
+
+
+def _progress(total: int, enabled: bool) -> Any:
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc="replay", unit="query", disable=not enabled,
+                file=sys.stderr, dynamic_ncols=True)
+
+
+def print_summary(run: ReplayRun, out: Any = sys.stdout) -> None:
+    """Per-query lines and the totals."""
+    for r in run.records:
+        res = r["result"]
+        code = res.get("error_code", 0)
+        what = (f"{1000 * res['total_s']:.0f} ms  {res['answer'][:70]!r}" if code == 0
+                else f"{ErrorCode(code).name}: {res['error_message'][:90]}"
+                if code in ErrorCode._value2member_map_ else f"error {code}")
+        marks = " ".join(("ok" if s["passed"] else "FAIL" if not s["informational"] else "miss")
+                         + f":{s['kind']}" for s in r["scores"])
+        print(f"  {r['query']}#{r['occurrence']:<3} t={r['t_s']:6.2f}s {r['status']:<9} {what}"
+              + (f"  [{marks}]" if marks else ""), file=out)
+    s = run.summary
+    print(f"replay: {s.queries} queries, {s.succeeded} succeeded, {s.errors} failed; "
+          f"{s.scored} expectations checked: {s.passed} passed, {s.failed} failed "
+          f"({s.informational_failed} informational); regressions: {s.regressions} -> "
+          f"{'PASS' if s.ok else 'REGRESSION'}", file=out)
+    if run.report is not None:
+        print(f"replay: report {run.report}", file=out)
+
+
+def parse_rate(text: str) -> float | None:
+    """``--rate``: a positive factor of the recorded rate, or ``max`` (``None``)."""
+    if text == "max":
+        return None
+    try:
+        value = float(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"--rate {text!r}: a positive number or 'max'") from e
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"--rate {text!r}: a positive number or 'max'")
+    return value
+
+
+def _remap(text: str) -> tuple[str, str]:
+    src, sep, dst = text.partition(":=")
+    if not sep or not src or not dst:
+        raise argparse.ArgumentTypeError(f"--remap {text!r}: expected FROM:=TO")
+    return src, dst
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Build the command line parser."""
+    ap = argparse.ArgumentParser(prog="replay", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("bag", type=Path, help="rosbag2 directory (sqlite3 or mcap)")
+    ap.add_argument("--scenario", type=Path, required=True, help="scenario YAML")
+    ap.add_argument("--out", type=Path, required=True, help="output directory")
+    ap.add_argument("--mode", choices=("node", "offline"), default="node")
+    ap.add_argument("--rate", type=parse_rate, default=1.0,
+                    help="playback rate (1 = recorded) or 'max' (node mode)")
+    ap.add_argument("--image-topic", default="", help="the bag's camera topic (default: "
+                    "the scenario's, else the bag's only image topic)")
+    ap.add_argument("--node-name", default="cosmos_reason")
+    ap.add_argument("--remap", type=_remap, action="append", default=[],
+                    help="publish a bag topic under another name, FROM:=TO (repeatable)")
+    ap.add_argument("--preset", default="cpu_demo", help="offline: config preset (name or "
+                    "path)")
+    ap.add_argument("--model", default="", help="offline: checkpoint (overrides the preset)")
+    ap.add_argument("--results-storage", choices=bagio.STORAGES, default="",
+                    help="results bag storage (default: the input bag's)")
+    ap.add_argument("--goal-timeout", type=float, default=300.0,
+                    help="seconds to wait for one result")
+    ap.add_argument("--connect-timeout", type=float, default=30.0,
+                    help="seconds to wait for the node's action server and camera topic")
+    ap.add_argument("--no-progress", action="store_true")
+    return ap
+
+
+def config_from_args(args: argparse.Namespace) -> ReplayConfig:
+    """Arguments -> ``ReplayConfig``."""
+    return ReplayConfig(
+        bag=args.bag, scenario=args.scenario, out=args.out, mode=args.mode, rate=args.rate,
+        image_topic=args.image_topic, node_name=args.node_name.strip("/"),
+        remaps=dict(args.remap), preset=args.preset, model=args.model,
+        results_storage=args.results_storage, goal_timeout_s=args.goal_timeout,
+        connect_timeout_s=args.connect_timeout, progress=not args.no_progress)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command line; return the exit status (0 pass, 1 regression, 2/3 errors)."""
+    logging.basicConfig(level=logging.WARNING, format="replay: %(message)s")
+    args = build_parser().parse_args(argv)
+    try:
+        run = run_replay(config_from_args(args))
+    except ReplayError as e:
+        print(f"replay: {e}", file=sys.stderr)
+        return e.exit_code
+    print_summary(run)
+    return run.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

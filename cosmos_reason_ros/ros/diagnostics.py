@@ -1,0 +1,60 @@
+"""The node's ``/diagnostics`` status: engine, camera, goals, latencies, background work."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import TYPE_CHECKING
+
+from diagnostic_msgs.msg import DiagnosticStatus, KeyValue
+
+from cosmos_reason_ros.core.pipeline import UNAVAILABLE_STATES
+from cosmos_reason_ros.core.stats import percentile
+
+if TYPE_CHECKING:
+    from cosmos_reason_ros.ros.node import ReasonNode
+
+
+def node_status(node: ReasonNode) -> DiagnosticStatus:
+    """One status: engine, camera, goals, latency percentiles and periodic/prefill counters."""
+    p = node.params
+    health = node.runner.health()
+    stats = node.history.stats()
+    silent_s = None if node.last_frame_monotonic is None \
+        else time.monotonic() - node.last_frame_monotonic
+    latest = node.history.latest()
+    frame_age_s = None if latest is None else (node.now_ns() - latest.stamp_ns) / 1e9
+    counters = node.counters_snapshot()
+    latencies = list(node.latencies)
+    level, problems = DiagnosticStatus.OK, []
+    if health.state.value != "ready":
+        bad = health.state.value in UNAVAILABLE_STATES
+        level = max(level, DiagnosticStatus.ERROR if bad else DiagnosticStatus.WARN)
+        problems.append(f"engine {health.state.value}")
+    if silent_s is None or silent_s > p["diagnostics.camera_warn_s"]:
+        error = silent_s is None or silent_s > p["diagnostics.camera_error_s"]
+        level = max(level, DiagnosticStatus.ERROR if error else DiagnosticStatus.WARN)
+        problems.append("no camera frames yet" if silent_s is None
+                        else f"camera silent for {silent_s:.1f} s")
+    values = {
+        "engine_state": health.state.value, "model": health.model or node.runner.model_name,
+        "engine_running_requests": health.running_requests,
+        "frames_received": stats.received, "frames_stored": stats.frames,
+        "frame_age_s": "" if frame_age_s is None else f"{frame_age_s:.3f}",
+        "goals_active": node.slots.running, "goals_queued": node.slots.queued,
+        **{f"goals_{k}": v for k, v in counters.items()},
+        **{f"periodic_{k}": v for k, v in node.periodic.snapshot().items()},
+        **{f"gc_{k}": round(v, 4) if isinstance(v, float) else v
+           for k, v in dataclasses.asdict(node.gc_pauses.stats()).items()},
+        "prefill_enabled": p["prefill.enabled"],
+        **{(k if k.startswith("goals") else f"prefill_{k}"): v
+           for k, v in dataclasses.asdict(node.prefill.counts()).items()},
+    }
+    for i, name in ((0, "ttft"), (1, "total")):
+        series = [x[i] for x in latencies]
+        for q in (50, 95):
+            values[f"{name}_p{q}_s"] = f"{percentile(series, q):.4f}" if series else ""
+    return DiagnosticStatus(
+        level=level, name=f"{node.get_name()}: visual reasoning",
+        hardware_id=node.runner.model_name, message="; ".join(problems) or "ok",
+        values=[KeyValue(key=k, value=str(v)) for k, v in values.items()])

@@ -1,0 +1,57 @@
+"""What the node publishes besides action results: ``~/results``, annotated image, detections.
+
+Drawing and vision_msgs are separate concerns from answering (as in yolo_ros): the annotated
+image is drawn only while someone subscribes, and detections only when vision_msgs exists.
+"""
+
+from __future__ import annotations
+
+from rclpy.node import Node
+from sensor_msgs.msg import Image
+
+from cosmos_reason_interfaces.msg import ReasoningResult
+from cosmos_reason_ros.core.annotate import draw_annotations
+from cosmos_reason_ros.core.pipeline import Media
+from cosmos_reason_ros.core.types import CosmosReasonError
+from cosmos_reason_ros.ros import messages
+from cosmos_reason_ros.ros.detections import load_vision_msgs, to_detection_array
+
+# ~/results is reliable keep-last: a burst (e.g. 100 goals at once, most refused OVERLOADED)
+# must fit in the writer's history until a slow subscriber acknowledges it, or results drop.
+RESULTS_QUEUE_DEPTH = 256
+
+
+class Outputs:
+    """The node's result publishers."""
+
+    def __init__(self, node: Node) -> None:
+        """Create ``~/results``, ``~/annotated_image`` and, with vision_msgs, ``~/detections``."""
+        self.node = node
+        self.results = node.create_publisher(ReasoningResult, "~/results", RESULTS_QUEUE_DEPTH)
+        self.annotated = node.create_publisher(Image, "~/annotated_image", 2)
+        self._vision_msgs = load_vision_msgs()
+        self.detections = None
+        if self._vision_msgs is None:
+            node.get_logger().info("vision_msgs is not installed: ~/detections is off")
+        else:
+            self.detections = node.create_publisher(
+                self._vision_msgs.Detection2DArray, "~/detections", 10)
+
+    def publish_result(self, msg: ReasoningResult) -> None:
+        """Publish on ``~/results`` (every result, refusals included) while the context lives."""
+        if self.node.context.ok():
+            self.results.publish(msg)
+
+    def publish_extras(self, msg: ReasoningResult, media: Media | None) -> None:
+        """Publish detections, and the annotated image when someone subscribes (drawing costs)."""
+        if self.detections is not None and msg.boxes:
+            self.detections.publish(to_detection_array(msg, self._vision_msgs))
+        if media is None or self.annotated.get_subscription_count() == 0:
+            return
+        try:
+            drawn = draw_annotations(media.original_rgb(), msg.boxes, msg.points,
+                                     msg.trajectories, title=msg.answer)
+        except CosmosReasonError as e:  # a drawing problem must not fail the goal
+            self.node.get_logger().warning(f"annotated image skipped: {e.message}")
+            return
+        self.annotated.publish(messages.rgb_image(drawn, messages.source_header(msg.header)))

@@ -1,0 +1,171 @@
+"""The node's background work: periodic runs and speculative prefill, each on its own thread.
+
+Both use the engine only when no goal needs it (goals take priority), and both go through the
+node's one goal pipeline, so a periodic run is built exactly like a goal and a prefill
+prepares a frame exactly as a goal about that frame will.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from cosmos_reason_interfaces.msg import ReasoningResult
+from cosmos_reason_ros.core import query
+from cosmos_reason_ros.core.frames import StoredFrame
+from cosmos_reason_ros.core.pipeline import GoalFields, Source, Stop
+from cosmos_reason_ros.core.types import CosmosReasonError, EngineError, FinishReason
+
+if TYPE_CHECKING:
+    from cosmos_reason_ros.ros.node import ReasonNode
+
+
+class PeriodicRuns:
+    """``periodic.*``: ask a fixed question about the latest frame every period, if idle."""
+
+    def __init__(self, node: ReasonNode) -> None:
+        """Attach to ``node``; the node's timer calls :meth:`on_timer`."""
+        self.node = node
+        self.busy = threading.Event()
+        self.counts = {"run": 0, "skipped": 0, "failed": 0}
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def _count(self, what: str) -> None:
+        with self._lock:
+            self.counts[what] += 1
+
+    def snapshot(self) -> dict[str, int]:
+        """Return the counters, copied under the lock."""
+        with self._lock:
+            return dict(self.counts)
+
+    def on_timer(self) -> None:
+        """Start a run unless a goal is running or queued or the previous run goes on."""
+        node = self.node
+        if self.busy.is_set() or node.slots.running or node.slots.queued or node.stopping:
+            self._count("skipped")
+            return
+        self.busy.set()
+        self._thread = threading.Thread(target=self._run, name="periodic", daemon=True)
+        self._thread.start()
+
+    def join(self, timeout_s: float) -> None:
+        """Wait (bounded) for a run in progress to publish its result."""
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+    def _run(self) -> None:
+        node = self.node
+        p = node.params
+        t0 = time.monotonic()
+        targets = tuple(t.strip() for t in p["periodic.targets"].split(",") if t.strip())
+        fields = GoalFields(task=p["periodic.task"], prompt=p["periodic.prompt"],
+                            targets=targets,
+                            max_tokens=min(p["periodic.max_tokens"], p["limits.max_tokens"]),
+                            source=Source.LATEST, wait_for_image_s=0.001)
+        msg = ReasoningResult(origin="periodic", model=node.runner.model_name,
+                              task=p["periodic.task"], prompt=p["periodic.prompt"])
+        try:
+            valid = node.pipeline.validate(fields)
+            msg.task = valid.spec.task.value
+            run = node.pipeline.run(
+                valid, t_start=t0, accepted_ns=node.now_ns(), priority=1, is_goal=False,
+                should_stop=lambda: Stop.SHUTDOWN if node.stopping else None)
+            node.fill_result(msg, run)
+            if run.error is not None:
+                raise run.error
+            node.publish_outputs(msg, run.media)
+            self._count("run")
+        except CosmosReasonError as e:
+            node.fill_error(msg, e)
+            self._count("failed")
+            node.get_logger().warning(f"periodic run failed: code={e.code.name} "
+                                      f"message={e.message}", throttle_duration_sec=30.0)
+        except Exception as e:  # noqa: BLE001 - keep the timer alive whatever happens
+            node.fill_error(msg, EngineError(f"internal error: {e!r}"))
+            self._count("failed")
+            node.get_logger().error(f"periodic run: internal error: {e!r}")
+        finally:
+            msg.total_s = time.monotonic() - t0
+            node.publish_result(msg)
+            self.busy.clear()
+
+
+class PrefillWorker:
+    """``prefill.*``: compute each new frame's image prefix in the engine before a goal asks.
+
+    Woken by each new frame, so a prefill starts as soon as the frame arrives (a goal that
+    comes while it runs waits for the rest of that engine step, then hits the cache); at most
+    one per ``prefill.period_s``, one at a time, on this one thread. A frame skipped while
+    busy is retried every period until it is prefilled or replaced. The policy (which frame,
+    when to give way to a goal) is ``core/prefill.PrefillPolicy``.
+    """
+
+    def __init__(self, node: ReasonNode, busy: Callable[[], bool]) -> None:
+        """``busy`` says whether goals or periodic runs hold the engine."""
+        self.node = node
+        self.busy = busy
+        self.wake = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="prefill", daemon=True)
+
+    def start(self) -> None:
+        """Start the thread (always: ``prefill.enabled`` can be switched on at runtime)."""
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Wake the thread so it sees the node stopping."""
+        self.wake.set()
+
+    def _loop(self) -> None:
+        node = self.node
+        period = node.params["prefill.period_s"]
+        last_start = -math.inf
+        retry = False
+        while not node.stopping:
+            if not self.wake.wait(period if retry else 1.0) and not retry:
+                continue
+            self.wake.clear()
+            wait = last_start + period - time.monotonic()
+            if wait > 0 and node.stopping_event.wait(wait):
+                return
+            latest = node.history.latest()
+            stamp = None if latest is None else latest.stamp_ns
+            if not node.params["prefill.enabled"]:
+                retry = False
+                continue
+            if not node.prefill.try_start(stamp, self.busy()):
+                retry = node.prefill.wants(stamp)
+                continue
+            retry = False
+            last_start = time.monotonic()
+            self._run(latest)
+
+    def _run(self, frame: StoredFrame[Any]) -> None:
+        node = self.node
+        outcome = "failed"
+        try:
+            media = node.pipeline.prepare_frame(frame)
+            request = query.build_prefill_request(uuid.uuid4().hex, node.profile,
+                                                  media.prepared,
+                                                  reasoning=node.params["prefill.reasoning"])
+            if node.prefill.abort_requested:
+                outcome = "aborted"
+                return
+            handle = node.runner.submit(request)
+            if not node.prefill.attach(handle.cancel):
+                handle.cancel()  # a goal asked for the engine while this was being submitted
+            _, final = handle.collect(timeout_s=node.params["limits.goal_timeout_s"])
+            outcome = "aborted" if final.finish_reason is FinishReason.CANCELLED else "run"
+        except CosmosReasonError as e:
+            node.get_logger().warning(f"prefill failed: code={e.code.name} message={e.message}",
+                                      throttle_duration_sec=30.0)
+        except Exception as e:  # noqa: BLE001 - a prefill must never take the node down
+            node.get_logger().error(f"prefill: internal error: {e!r}",
+                                    throttle_duration_sec=30.0)
+        finally:
+            node.prefill.finished(frame.stamp_ns, outcome)

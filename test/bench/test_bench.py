@@ -1,0 +1,91 @@
+"""The bench CLI: argument checks (fast) and one smoke run of every mode on the tiny model."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cosmos_reason_ros.bench import runner, workload
+from cosmos_reason_ros.bench.phases import PHASES
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_arguments_are_validated_with_the_bad_value_named(capsys: pytest.CaptureFixture
+                                                          ) -> None:
+    for argv, needle in ((["--modes", "engine,warp"], "unknown warp"),
+                         (["--sizes", "640by480"], "640by480"),
+                         (["--lengths", "short,1024"], "1024"),
+                         (["--concurrency", "1,x"], "1,x"),
+                         (["--memory-goals", "-1"], "--memory-goals")):
+        with pytest.raises(SystemExit):
+            runner.parse_args(argv)
+        assert needle in capsys.readouterr().err
+
+
+def test_engine_args_split_into_named_settings_and_pass_through() -> None:
+    overrides = workload.parse_engine_args(["max_model_len=2048", "enforce-eager=true",
+                                         'compilation_config={"level": 0}', "block_size=32"])
+    settings, extras = workload.engine_settings("gpu", overrides)
+    assert settings["max_model_len"] == 2048 and settings["enforce_eager"] is True
+    assert settings["gpu_memory_utilization"] == 0.25  # three engines share one GPU
+    assert extras == {"compilation_config": {"level": 0}, "block_size": 32}
+    with pytest.raises(SystemExit, match="key=value"):
+        workload.parse_engine_args(["novalue"])
+
+
+def test_pictures_are_deterministic_and_differ_per_seed() -> None:
+    a, b = workload.picture(64, 48, 3), workload.picture(64, 48, 3)
+    assert a.shape == (48, 64, 3) and (a == b).all()
+    assert not (a == workload.picture(64, 48, 4)).all()
+
+
+def test_every_mode_is_run_by_a_phase() -> None:
+    # engine, node and baseline are measured by the latency phase; each other mode is a phase.
+    assert set(workload.ALL_MODES) - {"engine", "node", "baseline"} <= set(PHASES)
+    assert list(PHASES)[0] == "latency"
+
+
+@pytest.mark.engine
+@pytest.mark.ros
+@pytest.mark.slow
+def test_smoke_run_records_samples_for_every_mode(tmp_path: Path, tiny_qwen3_vl: Path) -> None:
+    out = tmp_path / "bench"
+    args = [sys.executable, "-m", "cosmos_reason_ros.bench", "--model", str(tiny_qwen3_vl),
+            "--repeats", "1", "--sizes", "320x240", "--lengths", "short",
+            "--concurrency", "1,2", "--ingest-s", "1", "--ingest-callback-runs", "20",
+            "--memory-frames", "20", "--memory-goals", "4", "--time-budget-s", "280",
+            "--out", str(out)]
+    proc = subprocess.run(args, cwd=REPO_ROOT, capture_output=True, text=True, timeout=400,
+                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert (out / "bench.json").exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
+    data = json.loads((out / "bench.json").read_text())
+    statuses = {m: s.get("status") for m, s in data["modes"].items()}
+    assert proc.returncode == 0, f"{statuses}\n{json.dumps(data['modes'], indent=1)[-3000:]}"
+    measured = [s for s in data["samples"] if s.get("ok") and not s.get("warmup")]
+    for mode in ("engine", "node", "baseline"):
+        assert statuses[mode] == "ran"
+        assert any(s["phase"] == "latency" and s["mode"] == mode and s["e2e_s"] > 0
+                   and s["output_tokens"] > 0 for s in measured), mode
+    for mode in ("engine", "node", "baseline"):  # the same frame asked twice
+        questions = {s["question"] for s in measured
+                     if s["phase"] == "second" and s["mode"] == mode}
+        assert questions == {1, 2}, mode
+    assert {(b["mode"], b["concurrency"]) for b in data["batches"]
+            if b.get("ok")} >= {("node", 1), ("node", 2), ("engine", 1), ("engine", 2)}
+    assert data["extra"]["ingest_callback"]["median_ms"] > 0
+    assert data["extra"]["ingest"]["camera_only_cpu_percent"] >= 0
+    assert data["extra"]["memory"]["goals"] == 4 and data["series"]["node_rss"]
+    # prefill: one goal at a time and 8 at once, both settings
+    assert statuses["prefill"] == "ran", data["modes"]["prefill"]
+    assert {s["prefill"] for s in measured if s["phase"] == "prefill"} == {True, False}
+    assert {b["prefill"] for b in data["batches"]
+            if b.get("phase") == "prefill" and b.get("ok")} == {True, False}
+    report = (out / "results.md").read_text()
+    assert "## Latency" in report and "## Targets" in report
+    assert (out / "latency.png").stat().st_size > 0

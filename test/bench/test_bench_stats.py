@@ -1,0 +1,151 @@
+"""Unit tests of the bench statistics and report (pure: no rclpy, no vLLM)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from cosmos_reason_ros.bench import stats as bs
+
+
+def test_group_leaves_out_failed_and_warmup_samples() -> None:
+    samples = [
+        {"mode": "node", "ok": True, "e2e_s": 1.0},
+        {"mode": "node", "ok": False, "e2e_s": 9.0},
+        {"mode": "node", "ok": True, "warmup": True, "e2e_s": 9.0},
+        {"mode": "engine", "ok": True, "e2e_s": 0.5},
+    ]
+    summary = bs.summarize(samples, ("mode",), "e2e_s")
+    assert summary[("node",)] == bs.Summary(1, 1.0, 1.0)
+    assert summary[("engine",)].median == 0.5
+
+
+def test_paired_overhead_pairs_rounds_and_ignores_unpaired() -> None:
+    samples = []
+    for r, (engine, node) in enumerate([(0.100, 0.104), (0.200, 0.206), (0.150, 0.152)]):
+        samples.append({"mode": "engine", "ok": True, "size": "s", "length": "l", "round": r,
+                        "e2e_s": engine})
+        samples.append({"mode": "node", "ok": True, "size": "s", "length": "l", "round": r,
+                        "e2e_s": node})
+    # A node sample without an engine partner in its round must not enter the deltas.
+    samples.append({"mode": "node", "ok": True, "size": "s", "length": "l", "round": 9,
+                    "e2e_s": 5.0})
+    over, deltas = bs.paired_overhead(samples, "node", "engine", "e2e_s")[("s", "l")]
+    assert deltas.n == 3
+    assert deltas.median == pytest.approx(4.0)  # ms: deltas 4, 6, 2
+    assert over.reference_ms == pytest.approx(150.0)
+    assert over.ms == pytest.approx(over.mode_ms - 150.0)
+
+
+def test_paired_overhead_skips_pairs_with_different_output_lengths() -> None:
+    samples = [{"mode": "engine", "ok": True, "size": "s", "length": "l", "round": r,
+                "e2e_s": 1.0, "output_tokens": 512} for r in range(2)]
+    samples += [{"mode": "node", "ok": True, "size": "s", "length": "l", "round": 0,
+                 "e2e_s": 1.01, "output_tokens": 512},
+                {"mode": "node", "ok": True, "size": "s", "length": "l", "round": 1,
+                 "e2e_s": 0.3, "output_tokens": 97}]  # stopped at EOS: not comparable
+    over, deltas = bs.paired_overhead(samples, "node", "engine", "e2e_s")[("s", "l")]
+    assert deltas.n == 1 and deltas.median == pytest.approx(10.0)
+    assert bs.paired_overhead(samples, "node", "engine", "e2e_s", same=None)[("s", "l")][1].n \
+        == 2
+
+
+def test_throughput_and_scaling_use_batch_medians() -> None:
+    batches = [
+        {"mode": "node", "concurrency": 1, "ok": True, "wall_s": 1.0, "output_tokens": 100},
+        {"mode": "node", "concurrency": 1, "ok": True, "wall_s": 2.0, "output_tokens": 100},
+        {"mode": "node", "concurrency": 8, "ok": True, "wall_s": 2.0, "output_tokens": 800},
+        {"mode": "node", "concurrency": 8, "ok": True, "warmup": True, "wall_s": 9.0,
+         "output_tokens": 1},
+        {"mode": "node", "concurrency": 8, "ok": False, "wall_s": 9.0, "output_tokens": 1},
+    ]
+    tput = bs.throughput(batches)
+    assert tput[("node", 1)].median == pytest.approx(75.0)
+    assert tput[("node", 8)] == bs.Summary(1, 400.0, 400.0)
+    assert bs.scaling(tput, "node") == {1: 1.0, 8: pytest.approx(400 / 75)}
+    assert bs.scaling(tput, "engine") == {}
+    # Batches of another phase (prefill on/off) stay out of the concurrency figures.
+    prefill = [{"phase": "prefill", "mode": "node", "concurrency": 8, "prefill": on, "ok": True,
+                "wall_s": 1.0, "output_tokens": tokens} for on, tokens in ((True, 900),
+                                                                          (False, 1000))]
+    assert bs.throughput(batches + prefill) == tput
+    assert bs.throughput(batches + prefill, ("prefill",), phase="prefill") == {
+        (True,): bs.Summary(1, 900.0, 900.0), (False,): bs.Summary(1, 1000.0, 1000.0)}
+
+
+def test_growth_compares_tail_with_the_level_after_warm_up() -> None:
+    flat = [(float(i), 100.0 + (50.0 if i < 5 else 0.0)) for i in range(100)]
+    assert bs.growth(flat) == pytest.approx(0.0)  # warm-up spike ignored
+    leak = [(float(i), 100.0 + i * 0.5) for i in range(100)]
+    assert bs.growth(leak) == pytest.approx(40.0)  # medians of points 10-19 and 90-99
+    assert math.isnan(bs.growth([(0.0, 1.0)]))
+
+
+def test_plan_slices_and_rounds_that_fit() -> None:
+    slices = bs.plan_slices(100.0, [bs.Slice("a", 3), bs.Slice("b", 1)])
+    assert slices == {"a": 75.0, "b": 25.0}
+    assert bs.plan_slices(-5.0, [bs.Slice("a", 1)]) == {"a": 0.0}
+    assert bs.rounds_that_fit(75.0, 10.0, wanted=20) == 7
+    assert bs.rounds_that_fit(5.0, 10.0, wanted=20) == 1  # always at least one
+    assert bs.rounds_that_fit(500.0, 10.0, wanted=4) == 4
+    assert bs.rounds_that_fit(10.0, math.nan, wanted=4) == 4
+
+
+def test_table_aligns_numbers_right_and_text_left() -> None:
+    text = bs.table(("name", "ms"), [("node", "1.5"), ("engine", "–")])
+    lines = text.splitlines()
+    assert lines[1] == "|---|---:|"
+    assert lines[2] == "| node | 1.5 |"
+
+
+def _report_data(node_delta_s: float) -> dict:
+    samples = []
+    for r in range(3):
+        for mode, e2e in (("engine", 0.100), ("node", 0.100 + node_delta_s),
+                          ("baseline", 0.400)):
+            samples.append({"phase": "latency", "mode": mode, "size": "1280x720",
+                            "length": "short", "round": r, "ok": True, "e2e_s": e2e,
+                            "ttft_s": e2e / 2, "output_tokens": 8})
+    return {"meta": {"device": "cpu", "argv": ["--modes", "engine,node,baseline"]},
+            "samples": samples, "batches": [], "series": {},
+            "modes": {"engine": {"status": "ran"}, "prefill": {"status": "skipped",
+                                                              "reason": "no parameter"}},
+            "extra": {"ingest_callback": {"median_ms": 0.08, "p95_ms": 0.2}}}
+
+
+def test_report_states_ratios_and_target_results() -> None:
+    report = bs.render_report(_report_data(0.002))
+    assert "| 1280x720 | short | 3 | 100.0 | 102.0 | 2.0 |" in report
+    assert "3.92x" in report  # baseline 400 ms / node 102 ms
+    assert "node overhead p50 at 1280x720, short answers | 2.0 ms (target <= 5 ms) | met" \
+        in report
+    assert "| prefill | skipped |" in report and "no parameter" in report
+    assert "camera callback per 1080p frame (median) | 0.080 ms" in report
+
+
+def test_report_flags_a_missed_target() -> None:
+    report = bs.render_report(_report_data(0.020))
+    assert "20.0 ms (target <= 5 ms) | MISSED" in report
+
+
+def test_report_checks_prefill_targets_on_the_gpu() -> None:
+    samples = [{"phase": "prefill", "mode": "node", "prefill": on, "setting": setting,
+                "ok": True, "ttft_s": t, "node_ttft_s": t - 0.005, "cached_prompt_tokens": c}
+               for on, setting, t, c in ((True, "on", 0.040, 304), (False, "off", 0.080, 0),
+                                         (True, "on+ready", 0.030, 304))]
+    samples.append({"phase": "prefill", "mode": "node", "prefill": True, "ok": True,
+                    "ttft_s": 0.050})  # an older run's sample: no setting, prefill on
+    batches = [{"phase": "prefill", "mode": "node", "prefill": on, "setting": setting,
+                "concurrency": 8, "ok": True, "wall_s": 1.0, "output_tokens": tokens}
+               for on, setting, tokens in ((True, "on", 850), (False, "off", 1000),
+                                           (True, "on+ready", 950))]
+    report = bs.render_report({"meta": {"device": "gpu"}, "samples": samples,
+                               "batches": batches, "extra": {}})
+    assert "| on+ready | 1 | 30.0 | 30.0 | 25.0 | 304 | 1 | 950.0 |" in report
+    assert "| on | 2 | 45.0 |" in report
+    assert "prefill on+ready / off | 0.38x (target <= 0.4x) | met" in report
+    assert "prefill on / off | 0.56x (target <= 0.4x) | MISSED" in report
+    assert "8-goal throughput, prefill on / off | 0.85x (target >= 0.9x) | MISSED" in report
+    assert "8-goal throughput, prefill on+ready / off | 0.95x (target >= 0.9x) | met" in report
+    assert "## Concurrency" not in report  # prefill batches are not the concurrency sweep

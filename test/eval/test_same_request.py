@@ -1,0 +1,100 @@
+"""The node, offline replay and bench's engine mode build the same request for one goal and frame.
+
+All three go through ``core/pipeline.GoalPipeline``; this checks the result, not the wiring:
+a recorded camera frame (real rosbag2 bytes) is published to the in-process node and replayed
+offline, the same pixels are given to the bench, and the engine requests they produce are
+compared field by field (the request id aside).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+rclpy = pytest.importorskip("rclpy", reason="needs the ROS 2 wheels (make setup)")
+import yaml  # noqa: E402
+from action_msgs.msg import GoalStatus  # noqa: E402
+from fake_engine import FakeEngine  # noqa: E402
+from inprocess_node import InProcessNode  # noqa: E402
+
+from cosmos_reason_interfaces.action import Reason  # noqa: E402
+from cosmos_reason_ros.core.imaging import message_to_rgb  # noqa: E402
+from cosmos_reason_ros.eval import bagio, demo_recording  # noqa: E402
+from cosmos_reason_ros.eval.replay import OfflineRunner, ReplayConfig  # noqa: E402
+from cosmos_reason_ros.eval.scenario import build_schedule, load_scenario  # noqa: E402
+from cosmos_reason_ros.ros.cdr import read_stored_frame  # noqa: E402
+
+pytestmark = [pytest.mark.ros]
+PROMPT = "What is on the table?"
+MAX_TOKENS = 16
+
+
+def comparable(request):
+    """Every field of a ChatRequest but its id, with pixel arrays as bytes."""
+    fields = dataclasses.asdict(dataclasses.replace(request, request_id=""))
+    fields["images"] = [(img.shape, img.tobytes()) for img in request.images]
+    return fields
+
+
+def test_node_replay_and_bench_build_identical_requests(tiny_qwen3_vl, tmp_path):
+    bag = demo_recording.write_recording(tmp_path / "bag", demo_recording.RecordingParams(
+        width=320, height=240, duration_s=1.0, storage="sqlite3"))
+    info = bagio.bag_info(bag)
+    _topic, _type, _t, data = next(bagio.messages(bag, [demo_recording.IMAGE_TOPIC]))
+    # The node's parameters, shared with the offline runner's preset and matching the bench's
+    # settings (profile pixel budget, 1024-token cap, fixed output length).
+    params = {"engine.model": str(tiny_qwen3_vl), "model.family": "auto",
+              "model.max_pixels": 0, "limits.max_tokens": 1024,
+              "limits.fixed_output_length": True, "image.max_age_s": 0.0}
+
+    node = InProcessNode(params)
+    try:
+        node.camera.publish(data)  # the recorded CDR bytes, as replay publishes them
+        node.wait_frames(1)
+        status, _ = node.ask(prompt=PROMPT, max_tokens=MAX_TOKENS, greedy=True,
+                             source=Reason.Goal.SOURCE_LATEST)
+        from_node = node.engine.requests[0]
+    finally:
+        node.close()
+
+    preset = tmp_path / "preset.yaml"
+    preset.write_text(yaml.safe_dump({"/**": {"ros__parameters": {
+        **{k: v for k, v in node.node.params.items()}}}}))
+    scenario = tmp_path / "scenario.yaml"
+    scenario.write_text(yaml.safe_dump({"queries": [{
+        "name": "q", "at": [0.0], "prompt": PROMPT, "max_tokens": MAX_TOKENS,
+        "greedy": True}]}))
+    schedule = build_schedule(load_scenario(scenario), info.duration_s)
+    offline_engine = FakeEngine()
+    runner = OfflineRunner(ReplayConfig(bag=bag, scenario=scenario, out=tmp_path / "out",
+                                        mode="offline", preset=str(preset)),
+                           engine=offline_engine)
+    try:
+        records = []
+        runner.run(schedule, info, demo_recording.IMAGE_TOPIC,
+                   type("Rec", (), {"add": lambda _s, *a: records.append(a)})(), lambda: None)
+    finally:
+        runner.close()
+    assert records[0][1] == "succeeded", records[0]
+    from_replay = offline_engine.requests[0]
+
+    from cosmos_reason_ros.bench.engine_side import EngineBench
+
+    bench_engine = FakeEngine()
+    bench = EngineBench(str(tiny_qwen3_vl), {}, {}, engine=bench_engine)
+    bench.start(30.0)
+    try:
+        rgb = message_to_rgb(read_stored_frame((False, data)))
+        out = bench.submit(np.ascontiguousarray(rgb), PROMPT, MAX_TOKENS)()
+        assert out["ok"]
+    finally:
+        bench.close()
+    from_bench = bench_engine.requests[0]
+
+    assert status == GoalStatus.STATUS_SUCCEEDED
+    assert len(from_node.images) == 1 and from_node.sampling.max_tokens == MAX_TOKENS
+    assert from_node.sampling.ignore_eos and from_node.sampling.temperature == 0.0
+    assert comparable(from_node) == comparable(from_replay)
+    assert comparable(from_node) == comparable(from_bench)

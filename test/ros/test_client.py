@@ -1,0 +1,199 @@
+"""``ReasonClient`` against the real node: goals never go out before the server is discovered.
+
+rclpy sends a goal request whether or not the action server is matched, and DDS drops a
+request sent before discovery, so a client used right after it was created lost its goal and
+waited out its whole timeout (issue 18). What only these tests prove: fresh clients used at
+once against a real node process (real DDS discovery, real engine on the tiny model) get every
+goal answered; a client of a missing node fails within its timeout naming the server; the
+README's Python example runs as printed against a node fed by a camera.
+
+The missing-node tests need no node; one node process serves the rest of the module.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import re
+import subprocess
+import sys
+import threading
+import time
+import uuid
+
+import pytest
+
+rclpy = pytest.importorskip("rclpy", reason="needs the ROS 2 wheels (make setup)")
+from diagnostic_msgs.msg import DiagnosticArray  # noqa: E402
+from node_process import REPO_ROOT, NodeProcess, rgb_image_msg, scene  # noqa: E402
+from sensor_msgs.msg import Image  # noqa: E402
+from spun_node import SpunNode  # noqa: E402
+
+from cosmos_reason_interfaces.action import Reason  # noqa: E402
+from cosmos_reason_interfaces.msg import ReasoningResult  # noqa: E402
+from cosmos_reason_ros.client import ReasonClient, ServerUnavailableError  # noqa: E402
+from cosmos_reason_ros.core.types import EngineUnavailableError, ErrorCode  # noqa: E402
+
+pytestmark = pytest.mark.ros
+
+Goal = Reason.Goal
+FRESH_CLIENT_ROUNDS = 50  # discovery races are timing-dependent: many fresh clients, one node
+
+
+def missing_action() -> str:
+    return f"/no_such_node_{uuid.uuid4().hex[:8]}/reason"
+
+
+# --- no node: the clear failure ------------------------------------------------------------
+
+
+def test_client_of_a_missing_node_fails_within_its_timeout_naming_the_server():
+    action = missing_action()
+    with ReasonClient(action) as client:
+        t0 = time.monotonic()
+        with pytest.raises(ServerUnavailableError) as caught:
+            client.ground(["red cup"], timeout_s=1.0)
+        elapsed = time.monotonic() - t0
+    assert str(caught.value).startswith(f"action server {action} not available after 1 s")
+    # It waited for the server for the call's timeout, and no "silent long wait" after it.
+    assert 1.0 <= elapsed < 5.0
+    # One of the package's errors (code ENGINE_UNAVAILABLE) and a timeout, so callers that
+    # already catch the client's TimeoutError keep working.
+    assert isinstance(caught.value, EngineUnavailableError)
+    assert caught.value.code is ErrorCode.ENGINE_UNAVAILABLE
+    assert isinstance(caught.value, concurrent.futures.TimeoutError)
+
+
+def test_future_of_a_missing_node_fails_after_the_server_timeout():
+    with ReasonClient(missing_action()) as client:
+        handle = client.submit(client.goal("q"), server_timeout_s=0.5)
+        future = client.run_async(client.goal("q"), server_timeout_s=0.5)
+        for failed in (handle.future, future):
+            with pytest.raises(ServerUnavailableError, match="not available after 0.5 s"):
+                failed.result(timeout=10.0)
+        assert not handle.sent
+
+
+def test_goal_cancelled_or_closed_while_waiting_for_the_server_is_never_sent():
+    client = ReasonClient(missing_action())
+    cancelled = client.submit(client.goal("q"), server_timeout_s=None)
+    cancelled.cancel()
+    result = cancelled.result(10.0)
+    assert result.status == "canceled" and result.error_code is ErrorCode.CANCELLED
+    assert "never sent" in result.error_message and not cancelled.sent
+    pending = client.submit(client.goal("q"), server_timeout_s=None)
+    client.close()  # must not leave the future hanging forever
+    with pytest.raises(RuntimeError, match="closed while the goal waited"):
+        pending.result(10.0)
+    assert not pending.sent
+
+
+# --- the real node -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def node(tiny_qwen3_vl):
+    proc = NodeProcess("cpu_demo", {"engine.model": str(tiny_qwen3_vl)})
+    proc.wait_ready()
+    yield proc
+    proc.stop_cleanly()
+
+
+@pytest.fixture(scope="module")
+def side(node):
+    """The test's own participant: the results it sees and frames for the node's camera."""
+    spun = SpunNode("client_test_side")
+    spun.results: list[ReasoningResult] = []
+    spun.frames_received = 0
+    spun.cond = threading.Condition()
+
+    def on_result(msg: ReasoningResult) -> None:
+        with spun.cond:
+            spun.results.append(msg)
+            spun.cond.notify_all()
+
+    def on_diagnostics(msg: DiagnosticArray) -> None:
+        values = {kv.key: kv.value for kv in msg.status[0].values}
+        with spun.cond:
+            spun.frames_received = int(values["frames_received"])
+            spun.cond.notify_all()
+
+    spun.node.create_subscription(ReasoningResult, "/cosmos_reason/results", on_result, 100)
+    spun.node.create_subscription(DiagnosticArray, "/diagnostics", on_diagnostics, 10)
+    spun.camera = spun.node.create_publisher(Image, "/image", 10)
+    yield spun
+    spun.close()
+
+
+@pytest.mark.engine
+@pytest.mark.slow
+def test_fresh_client_used_at_once_gets_every_goal_answered(node):
+    image = rgb_image_msg(scene(320, 240, seed=5), 42_000_000_000, "goal_cam")
+    fields = {"source": Goal.SOURCE_GOAL_IMAGE, "image": image, "max_tokens": 8}
+    # Every way a goal leaves the client, each first thing after the client is created.
+    calls = [
+        lambda c: c.ask("What is this?", timeout_s=30.0, **fields),
+        lambda c: c.ground(["red cup"], timeout_s=30.0, **fields),
+        lambda c: c.point(["red cup"], timeout_s=30.0, **fields),
+        lambda c: c.verify("A cup is there.", timeout_s=30.0, **fields),
+        lambda c: c.trajectory("Pick up the cup.", timeout_s=30.0, **fields),
+        lambda c: c.run(c.goal("Describe it.", **fields), timeout_s=30.0),
+        lambda c: c.run_async(c.goal("Describe it.", **fields)).result(30.0),
+        lambda c: c.submit(c.goal("Describe it.", **fields)).result(30.0),
+    ]
+    goal_ids = set()
+    for i in range(FRESH_CLIENT_ROUNDS):
+        with ReasonClient() as client:
+            result = calls[i % len(calls)](client)
+        assert result.ok, f"round {i}: {result.status} {result.error_message}"
+        assert result.message.header.frame_id == "goal_cam"
+        goal_ids.add(result.message.goal_id)
+    assert len(goal_ids) == FRESH_CLIENT_ROUNDS  # each answer was its own goal at the node
+
+
+def readme_python_example() -> str:
+    """The README's Python example, exactly as printed."""
+    readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme.index("From Python (planners, behaviour trees)")
+    match = re.compile(r"```python\n(.*?)```", re.S).search(readme, section)
+    assert match, "README.md: no python block after 'From Python (planners, behaviour trees)'"
+    return match.group(1)
+
+
+@pytest.mark.engine
+@pytest.mark.slow
+def test_readme_python_example_runs_as_printed(side):
+    code = readme_python_example()
+    assert "ReasonClient()" in code and "client.ground(" in code  # the block we mean
+    assert side.wait_matched(side.camera), "the node's camera subscription was not found"
+    stop = threading.Event()
+
+    def feed_camera() -> None:  # a live camera at 10 Hz, fresh stamps
+        while not stop.is_set():
+            side.camera.publish(rgb_image_msg(scene(640, 480), side.now_ns()))
+            stop.wait(0.1)
+
+    camera = threading.Thread(target=feed_camera, daemon=True)
+    camera.start()
+    try:
+        with side.cond:
+            assert side.cond.wait_for(lambda: side.frames_received > 0, 30.0), \
+                "the node reported no camera frame"
+            seen = len(side.results)
+        # A fresh interpreter, as a user would run it; the README's own default timeouts
+        # (120 s) would only hide a lost goal, so the run gets a shorter limit.
+        run = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True,
+                             text=True, timeout=90)
+    finally:
+        stop.set()
+        camera.join()
+    assert run.returncode == 0, f"stdout:\n{run.stdout}\nstderr:\n{run.stderr[-3000:]}"
+    assert run.stdout.strip(), "the example printed nothing"
+    with side.cond:
+        assert side.cond.wait_for(lambda: len(side.results) >= seen + 2, 10.0)
+        results = side.results[seen:]
+    by_task = {msg.task: msg for msg in results}
+    assert set(by_task) == {"ground", "verify"}, [m.task for m in results]
+    for msg in results:
+        assert msg.error_code == ErrorCode.OK, f"{msg.task}: {msg.error_message}"
+        assert msg.header.frame_id == "camera"  # answered about the camera's frame
+    assert run.stdout.splitlines()[-1] == by_task["verify"].answer_json  # what it printed

@@ -1,0 +1,278 @@
+"""Node behaviour in the fast tier: the real node in-process on a scripted engine.
+
+Each test starts its own node (milliseconds); the engine's answers, delays and errors are
+scripted, so admission, cancel, timeouts, frame choice, feedback, results and diagnostics are
+tested deterministically. The real-engine tier (test_node.py and others) proves the same
+paths end to end with vLLM.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+rclpy = pytest.importorskip("rclpy", reason="needs the ROS 2 wheels (make setup)")
+from action_msgs.msg import GoalStatus  # noqa: E402
+from fake_engine import Script  # noqa: E402
+from inprocess_node import InProcessNode  # noqa: E402
+from rclpy.parameter import Parameter  # noqa: E402
+
+from cosmos_reason_interfaces.action import Reason  # noqa: E402
+from cosmos_reason_ros.core.types import EngineError, ErrorCode, FinishReason  # noqa: E402
+
+pytestmark = [pytest.mark.ros]
+Goal = Reason.Goal
+NS = 1_000_000_000
+
+
+@pytest.fixture
+def make_node():
+    nodes: list[InProcessNode] = []
+
+    def make(params=None, script=None, engine=None) -> InProcessNode:
+        node = InProcessNode(params, script, engine)
+        nodes.append(node)
+        return node
+
+    yield make
+    for node in nodes:
+        node.close()
+
+
+def stages(feedback, expected: list[str] | None = None, timeout_s: float = 3.0) -> list[str]:
+    """Distinct stages in order of first appearance.
+
+    Feedback is a topic and the result a service: the last feedback can arrive after the
+    result, so with ``expected`` this waits (bounded) until that many stages are in.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        seen: list[str] = []
+        for fb in list(feedback):
+            if fb.stage not in seen:
+                seen.append(fb.stage)
+        if expected is None or len(seen) >= len(expected) or time.monotonic() > deadline:
+            return seen
+        time.sleep(0.01)
+
+
+def test_latest_frame_goal_succeeds_with_the_frame_header_and_answer(make_node):
+    n = make_node(script=lambda r: Script(deltas=["The ", "aisle ", "is clear."]))
+    stamp = n.publish()
+    n.wait_frames(1)
+    status, result = n.ask(prompt="Is the aisle clear?")
+    assert status == GoalStatus.STATUS_SUCCEEDED
+    assert result.answer == "The aisle is clear."
+    assert result.header.frame_id == "camera"
+    assert result.header.stamp.sec * NS + result.header.stamp.nanosec == stamp
+    assert (result.image_width, result.image_height) == (64, 48)
+    assert result.task == "vqa" and result.output_tokens == 3
+    assert len(n.engine.requests[0].images) == 1
+    on_topic = n.wait_result(lambda r: r.goal_id == result.goal_id)
+    assert on_topic.answer == result.answer
+
+
+@pytest.mark.parametrize("source, expected", [
+    (Goal.SOURCE_LATEST, ["queued", "waiting_for_image", "preprocessing", "generating"]),
+    (Goal.SOURCE_NEXT, ["queued", "waiting_for_image", "preprocessing", "generating"]),
+    (Goal.SOURCE_CLIP, ["queued", "preprocessing", "generating"]),
+])
+def test_feedback_stages_follow_the_documented_order_per_source(make_node, source, expected):
+    n = make_node({"image.clip_fps": 4.0, "image.clip_duration_s": 1.0, "image.max_age_s": 0.0})
+    now = n.side.now_ns()
+    for k in range(5):  # a 4 fps second of frames, newest now
+        n.publish(now - (4 - k) * NS // 4)
+    n.wait_frames(5)
+    feedback: list = []
+    handle = n.send(feedback, prompt="What happens?", source=source, wait_for_image_s=2.0)
+    if source == Goal.SOURCE_NEXT:
+        time.sleep(0.1)
+        n.publish()
+    status, _ = n.result(handle)
+    assert status == GoalStatus.STATUS_SUCCEEDED
+    assert stages(feedback, expected) == expected
+
+
+def test_goal_image_source_uses_the_goal_image(make_node):
+    from inprocess_node import image_msg
+
+    n = make_node()
+    feedback: list = []
+    status, result = n.ask(feedback, prompt="What is this?", source=Goal.SOURCE_GOAL_IMAGE,
+                           image=image_msg(5 * NS, width=32, height=24, frame_id="goal"))
+    assert status == GoalStatus.STATUS_SUCCEEDED
+    assert result.header.frame_id == "goal" and result.image_width == 32
+    expected = ["queued", "preprocessing", "generating"]
+    assert stages(feedback, expected) == expected
+
+
+def test_cancel_aborts_the_engine_request_and_keeps_the_partial_text(make_node):
+    n = make_node(script=lambda r: Script(deltas=["word "], delay_s=0.01, endless=True))
+    n.publish()
+    n.wait_frames(1)
+    feedback: list = []
+    handle = n.send(feedback, prompt="Describe at length.")
+    deadline = time.monotonic() + 5
+    while sum(len(fb.text_delta) for fb in feedback) < 20:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    handle.cancel_goal_async()
+    status, result = n.result(handle)
+    assert status == GoalStatus.STATUS_CANCELED
+    assert result.error_code == ErrorCode.CANCELLED
+    assert result.finish_reason == FinishReason.CANCELLED.value
+    assert result.output_tokens > 0 and result.raw_text.startswith("word word")
+    assert n.engine.aborted == [n.engine.requests[0].request_id]
+    assert not n.engine.running
+
+
+def test_goal_timeout_during_generation_returns_what_was_generated(make_node):
+    n = make_node(script=lambda r: Script(deltas=["tok "], delay_s=0.01, endless=True))
+    n.publish()
+    n.wait_frames(1)
+    status, result = n.ask(prompt="Talk.", timeout_s=0.5)
+    assert status == GoalStatus.STATUS_ABORTED
+    assert result.error_code == ErrorCode.TIMEOUT
+    assert "timed out during generation after" in result.error_message
+    assert result.output_tokens > 0 and "tok tok" in result.raw_text
+    assert n.engine.aborted
+
+
+def test_engine_error_mid_stream_is_engine_error_with_partial_text(make_node):
+    n = make_node(script=lambda r: Script(deltas=["half ", "an "],
+                                          error=EngineError("worker died")))
+    n.publish()
+    n.wait_frames(1)
+    status, result = n.ask(prompt="Go on.")
+    assert status == GoalStatus.STATUS_ABORTED
+    assert result.error_code == ErrorCode.ENGINE_ERROR and "worker died" in result.error_message
+    assert result.raw_text == "half an "
+
+
+def test_latest_frame_older_than_max_age_is_image_too_old(make_node):
+    n = make_node({"image.max_age_s": 1.0})
+    n.publish(n.side.now_ns() - 3 * NS)
+    n.wait_frames(1)
+    status, result = n.ask(prompt="Now?")
+    assert status == GoalStatus.STATUS_ABORTED
+    assert result.error_code == ErrorCode.IMAGE_TOO_OLD
+    assert "max_image_age_s=1" in result.error_message
+    assert not n.engine.requests
+
+
+def test_clip_after_the_camera_stopped_is_image_too_old(make_node):
+    n = make_node({"image.max_age_s": 1.0, "image.clip_fps": 4.0})
+    old = n.side.now_ns() - 20 * NS
+    for k in range(8):
+        n.publish(old + k * NS // 4)
+    n.wait_frames(8)
+    status, result = n.ask(prompt="What happened?", source=Goal.SOURCE_CLIP,
+                           clip_duration_s=2.0)
+    assert status == GoalStatus.STATUS_ABORTED
+    assert result.error_code == ErrorCode.IMAGE_TOO_OLD
+    assert "clip's newest frame" in result.error_message
+
+
+def test_clip_sends_a_video_of_the_recent_frames(make_node):
+    n = make_node({"image.clip_fps": 4.0})
+    now = n.side.now_ns()
+    stamps = [n.publish(now - (7 - k) * NS // 4) for k in range(8)]
+    n.wait_frames(8)
+    status, result = n.ask(prompt="What happened?", source=Goal.SOURCE_CLIP,
+                           clip_duration_s=2.0)
+    assert status == GoalStatus.STATUS_SUCCEEDED
+    video = n.engine.requests[0].video
+    assert video is not None and len(video.frames) == 8
+    got = [s.sec * NS + s.nanosec for s in result.frame_stamps]
+    assert got == stamps
+
+
+def test_next_waits_for_a_frame_after_acceptance(make_node):
+    n = make_node()
+    n.publish()
+    n.wait_frames(1)
+    handle = n.send(prompt="Next?", source=Goal.SOURCE_NEXT, wait_for_image_s=3.0)
+    time.sleep(0.2)
+    later = n.publish()
+    status, result = n.result(handle)
+    assert status == GoalStatus.STATUS_SUCCEEDED
+    assert result.header.stamp.sec * NS + result.header.stamp.nanosec == later
+
+
+def test_next_without_a_new_frame_is_no_image(make_node):
+    n = make_node()
+    n.publish()
+    n.wait_frames(1)
+    status, result = n.ask(prompt="Next?", source=Goal.SOURCE_NEXT, wait_for_image_s=0.2)
+    assert result.error_code == ErrorCode.NO_IMAGE and "no new frame" in result.error_message
+
+
+@pytest.mark.parametrize("fields, fragment", [
+    ({"max_tokens": -5}, "max_tokens=-5"),
+    ({"source": 7}, "source=7 is unknown"),
+    ({"clip_fps": 60.0, "source": Goal.SOURCE_CLIP}, "clip_fps=60"),
+    ({"timeout_s": -1.0}, "timeout_s=-1"),
+])
+def test_bad_fields_are_bad_request_naming_the_field_with_the_task_filled(
+        make_node, fields, fragment):
+    n = make_node()
+    status, result = n.ask(prompt="Q?", **fields)
+    assert status == GoalStatus.STATUS_ABORTED
+    assert result.error_code == ErrorCode.BAD_REQUEST and fragment in result.error_message
+    assert result.task == "vqa"
+    assert not n.engine.requests
+
+
+def test_goals_over_the_bounds_are_rejected_and_reported_on_results(make_node):
+    n = make_node({"limits.max_concurrent_goals": 1, "limits.max_queued_goals": 1},
+                  script=lambda r: Script(deltas=["x"], delay_s=0.05, endless=True))
+    n.publish()
+    n.wait_frames(1)
+    first = n.send(prompt="busy")
+    second = n.send(prompt="queued")
+    third = n.send(prompt="over")
+    assert first.accepted and second.accepted and not third.accepted
+    refusal = n.wait_result(lambda r: r.error_code == ErrorCode.OVERLOADED)
+    assert refusal.prompt == "over"
+    first.cancel_goal_async()
+    second.cancel_goal_async()
+    assert n.result(first)[0] == GoalStatus.STATUS_CANCELED
+    assert n.result(second)[0] == GoalStatus.STATUS_CANCELED
+
+
+def test_feedback_is_throttled_to_the_rate_and_loses_no_text(make_node):
+    n = make_node({"limits.feedback_rate_hz": 5.0},
+                  script=lambda r: Script(deltas=[f"{i} " for i in range(60)], delay_s=0.01))
+    n.publish()
+    n.wait_frames(1)
+    feedback: list = []
+    status, result = n.ask(feedback, prompt="Count.")
+    assert status == GoalStatus.STATUS_SUCCEEDED
+    deadline = time.monotonic() + 3.0  # feedback may trail the result (see stages())
+    while "".join(fb.text_delta for fb in feedback) != result.raw_text:
+        assert time.monotonic() < deadline, "feedback text differs from the result"
+        time.sleep(0.01)
+    with_text = [fb for fb in feedback if fb.text_delta]
+    assert 2 <= len(with_text) <= 8  # ~0.6 s of deltas at 5 Hz, not 60 messages
+
+
+def test_diagnostics_count_outcomes(make_node):
+    n = make_node(script=lambda r: Script(deltas=["ok"]))
+    n.publish()
+    n.wait_frames(1)
+    n.ask(prompt="one")
+    n.ask(prompt="")  # refused: empty prompt
+    values = {kv.key: kv.value for kv in
+              __import__("cosmos_reason_ros.ros.diagnostics", fromlist=["x"])
+              .node_status(n.node).values}
+    assert values["goals_succeeded"] == "1" and values["goals_rejected"] == "1"
+    assert values["engine_state"] == "ready" and values["frames_received"] == "1"
+    assert values["ttft_p50_s"] != ""
+
+
+def test_runtime_parameter_keeps_its_type_and_reaches_the_goal_path(make_node):
+    n = make_node()
+    result = n.node.set_parameters([Parameter("prefill.ready_frame_within_s", value=0.25)])
+    assert result[0].successful
+    assert n.node.pipeline.settings.ready_frame_within_s == 0.25
