@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from cosmos_reason_ros.core.stats import percentile
-from cosmos_reason_ros.tools.demo import stop_node, wait_ready
+from cosmos_reason_ros.ros.node_process import stop_node, wait_ready
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

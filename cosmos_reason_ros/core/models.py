@@ -529,16 +529,19 @@ def looks_like_local_path(name: str) -> bool:
 
 
 def missing_path_hint(path: str) -> str:
-    """Say where ``path`` stops existing: its nearest existing folder and what that holds."""
+    """Say where ``path`` stops existing: its nearest existing folder and its subfolders."""
     parent = os.path.dirname(os.path.abspath(path))
     while not os.path.isdir(parent):
         parent = os.path.dirname(parent)
+    if parent == os.path.dirname(parent):  # the root: its listing would say nothing useful
+        return f"nothing of it exists below {parent}"
     try:
-        entries = sorted(e for e in os.listdir(parent) if not e.startswith("."))
+        folders = sorted(e for e in os.listdir(parent) if not e.startswith(".")
+                         and os.path.isdir(os.path.join(parent, e)))
     except OSError:
         return f"the nearest existing folder is {parent}"
-    shown = ", ".join(entries[:8]) + (", ..." if len(entries) > 8 else "")
-    return f"the nearest existing folder is {parent}, holding: {shown or 'nothing'}"
+    shown = ", ".join(folders[:8]) + (", ..." if len(folders) > 8 else "")
+    return f"the nearest existing folder is {parent}, with folders: {shown or 'none'}"
 
 
 def detect_profile(model_dir_or_name: str, override: str | None = None) -> ModelProfile:

@@ -297,15 +297,6 @@ class ImageGeometry:
 
 
 @dataclass(frozen=True)
-class Frame:
-    """A decoded RGB frame with its source header."""
-
-    image: np.ndarray  # HxWx3 uint8 RGB
-    stamp_ns: int
-    frame_id: str = ""
-
-
-@dataclass(frozen=True)
 class Timings:
     """Where a goal's time went, in seconds."""
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -449,15 +449,3 @@ def _number(value: Any, where: str, low: float = -math.inf, high: float = math.i
         raise ScenarioError(f"{where}={value!r}: expected a finite number {bounds}".rstrip())
     return value
 
-
-def expectations_text(expect: Sequence[Expectation]) -> str:
-    """One line describing the expectations (for reports)."""
-    parts = []
-    for e in expect:
-        if e.kind == "box_iou":
-            target = "ground truth" if e.box is None else f"{list(e.box)}"
-            text = f"box_iou({e.label or 'any'} vs {target}) >= {e.threshold:g}"
-        else:
-            text = f"{e.kind}({e.field}: {e.value!r})"
-        parts.append(text + (" [info]" if e.informational else ""))
-    return "; ".join(parts)

@@ -25,14 +25,13 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 from cosmos_reason_ros.eval import demo_recording
+from cosmos_reason_ros.ros.node_process import stop_node, wait_ready
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_SCENARIO = REPO_ROOT / "config" / "scenarios" / "demo.yaml"
@@ -50,38 +49,6 @@ def start_node(model: str, preset: str, image_topic: str) -> subprocess.Popen:
     return subprocess.Popen(args, cwd=REPO_ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
-
-
-def wait_ready(proc: subprocess.Popen, log: list[str], timeout_s: float) -> bool:
-    """Collect the node's output; return once it logs 'ready' (False if it exits first)."""
-    ready = threading.Event()
-
-    def read() -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            log.append(line.rstrip())
-            del log[:-500]  # bounded: only the tail is ever shown
-            if "]: ready: " in line:
-                ready.set()
-
-    threading.Thread(target=read, daemon=True).start()
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and proc.poll() is None:
-        if ready.wait(0.5):
-            return True
-    return ready.is_set()
-
-
-def stop_node(proc: subprocess.Popen) -> int | None:
-    """SIGTERM, then kill the process group if it does not end within 15 s; the exit code."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(5)
-    return proc.returncode
 
 
 def run(args: argparse.Namespace, model: str, preset: str) -> int:

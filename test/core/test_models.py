@@ -375,7 +375,7 @@ def test_detect_profile_mistyped_path_says_the_path_does_not_exist(tmp_path):
         detect_profile(str(typo))
     message = e.value.message
     assert f"no such directory {typo} (looked for {typo / 'config.json'}" in message
-    assert f"nearest existing folder is {tmp_path / 'models'}, holding: Cosmos-Reason2-2B" \
+    assert f"nearest existing folder is {tmp_path / 'models'}, with folders: Cosmos-Reason2-2B" \
         in message
     assert "cannot detect" not in message
     with pytest.raises(BadRequestError, match=r"'/nonexistent/model': no such directory "

@@ -276,3 +276,40 @@ def test_runtime_parameter_keeps_its_type_and_reaches_the_goal_path(make_node):
     result = n.node.set_parameters([Parameter("prefill.ready_frame_within_s", value=0.25)])
     assert result[0].successful
     assert n.node.pipeline.settings.ready_frame_within_s == 0.25
+
+
+def test_goal_timeout_while_queued_names_the_slot_wait(make_node):
+    n = make_node({"limits.max_concurrent_goals": 1},
+                  script=lambda r: Script(deltas=["x"], delay_s=0.02, endless=True))
+    n.publish()
+    n.wait_frames(1)
+    filler = n.send(prompt="long")
+    deadline = time.monotonic() + 5
+    while not n.engine.running:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    status, result = n.ask(prompt="short", timeout_s=0.3)
+    assert status == GoalStatus.STATUS_ABORTED and result.error_code == ErrorCode.TIMEOUT
+    assert "goal timed out while waiting for a free slot" in result.error_message
+    filler.cancel_goal_async()
+    assert n.result(filler)[0] == GoalStatus.STATUS_CANCELED
+
+
+def test_50_goals_cancelled_at_once_all_end_canceled_and_every_request_is_aborted(make_node):
+    n = make_node({"limits.max_concurrent_goals": 50, "limits.max_queued_goals": 0},
+                  script=lambda r: Script(deltas=["x"], delay_s=0.01, endless=True))
+    n.publish()
+    n.wait_frames(1)
+    handles = [n.send(prompt=f"long {i}") for i in range(50)]
+    assert all(h.accepted for h in handles)
+    deadline = time.monotonic() + 10
+    while len(n.engine.running) < 50:
+        assert time.monotonic() < deadline, f"{len(n.engine.running)} of 50 generating"
+        time.sleep(0.01)
+    for h in handles:
+        h.cancel_goal_async()
+    results = [n.result(h) for h in handles]
+    assert [s for s, _ in results] == [GoalStatus.STATUS_CANCELED] * 50
+    assert all(r.error_code == ErrorCode.CANCELLED and r.output_tokens > 0 for _, r in results)
+    assert sorted(n.engine.aborted) == sorted(r.request_id for r in n.engine.requests)
+    assert not n.engine.running

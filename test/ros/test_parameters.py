@@ -259,7 +259,7 @@ def test_mistyped_model_path_names_the_parameter_and_the_path(tmp_path):
         validate({"engine.model": str(missing)})
     message = str(e.value)
     assert f"engine.model='{missing}': no such directory {missing}" in message
-    assert f"nearest existing folder is {tmp_path}, holding: Cosmos-Reason2-2B" in message
+    assert f"nearest existing folder is {tmp_path}, with folders: Cosmos-Reason2-2B" in message
     assert "cannot detect the model family" not in message
     with pytest.raises(ConfigError, match=r"engine\.model='/nonexistent/model': no such "
                                           r"directory /nonexistent/model"):

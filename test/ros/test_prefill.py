@@ -196,7 +196,8 @@ def test_only_prefill_parameters_change_at_runtime_and_are_checked(io):
     refused = io.set_param("periodic.enabled", True)
     assert not refused.successful and "read-only" in refused.reason
     bad = io.set_param("prefill.ready_frame_within_s", -1.0)
-    assert not bad.successful and "prefill.ready_frame_within_s=-1.0: allowed: >= 0" in bad.reason
+    # The descriptor's range and static type are enforced by rclpy itself, with its wording.
+    assert not bad.successful and "out of range" in bad.reason
     wrong_type = io.set_param("prefill.ready_frame_within_s", True)
-    assert not wrong_type.successful and "expected float" in wrong_type.reason
+    assert not wrong_type.successful and "type" in wrong_type.reason.lower()
     assert io.set_param("prefill.enabled", True).successful
