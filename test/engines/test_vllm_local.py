@@ -9,7 +9,9 @@ finish reasons, valid JSON, errors), never on wording.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
+import logging
 import multiprocessing
 import os
 import signal
@@ -214,6 +216,55 @@ def test_cancel_mid_stream_leaves_no_request_running(qwen3):
     # The engine keeps serving after an abort.
     _, final = qwen3.submit(image_request("after-abort", image(3))).collect(WAIT_S)
     assert final.finish_reason is FinishReason.LENGTH
+
+
+def generated_tokens(model_name: str = "tiny") -> float:
+    """Tokens vLLM has generated so far, from its Prometheus metrics."""
+    from prometheus_client import REGISTRY
+
+    return sum(
+        sample.value
+        for metric in REGISTRY.collect() if metric.name == "vllm:generation_tokens"
+        for sample in metric.samples
+        if sample.name.endswith("_total") and sample.labels.get("model_name") == model_name
+    )
+
+
+@pytest.mark.engine
+def test_max_tokens_holds_and_an_overrun_would_be_cut_and_aborted(qwen3, monkeypatch, caplog):
+    caplog.set_level(logging.WARNING, logger="cosmos_reason_ros.engines.vllm_local")
+    engine = qwen3.engine
+    assert isinstance(engine, VllmLocalEngine)
+    # vLLM keeps to max_tokens: the guard never fires.
+    chunks = list(qwen3.submit(image_request("bound-ok", image(8), max_tokens=12))
+                  .iter_chunks(timeout_s=WAIT_S))
+    assert (chunks[-1].finish_reason, chunks[-1].output_tokens) == (FinishReason.LENGTH, 12)
+    # Prompt counts ride on every chunk, so a cancelled or timed-out request has them too.
+    assert all(c.prompt_tokens == chunks[-1].prompt_tokens > 40 for c in chunks)
+    assert not [r for r in caplog.records if "max_tokens" in r.getMessage()]
+
+    # A vLLM that ignored max_tokens, simulated: it is asked for 300 tokens, the request 12.
+    original = engine._sampling_params
+
+    def ignoring(request: ChatRequest):
+        asked = dataclasses.replace(request.sampling, max_tokens=300)
+        return original(dataclasses.replace(request, sampling=asked))
+
+    monkeypatch.setattr(engine, "_sampling_params", ignoring)
+    made_before = generated_tokens()
+    chunks = list(qwen3.submit(image_request("bound-overrun", image(8), max_tokens=12))
+                  .iter_chunks(timeout_s=WAIT_S))
+    limit = 12 + 8
+    assert chunks[-1].finish_reason is FinishReason.LENGTH
+    assert limit < chunks[-1].output_tokens < 300
+    assert "".join(c.text_delta for c in chunks)  # the partial answer comes back
+    warnings = [r.getMessage() for r in caplog.records if "ran past max_tokens" in r.getMessage()]
+    assert len(warnings) == 1 and "bound-overrun" in warnings[0]
+    # The vLLM request was aborted at the bound, not left to run to 300 tokens.
+    assert unfinished_in_vllm(qwen3) == 0
+    made = generated_tokens() - made_before
+    print(f"\noverrun cut at {chunks[-1].output_tokens} tokens; vLLM generated {made:.0f}")
+    assert 12 <= made < 150
 
 
 @pytest.mark.engine

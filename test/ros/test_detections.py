@@ -35,7 +35,14 @@ from geometry_msgs.msg import PoseWithCovariance  # noqa: E402
 from std_msgs.msg import Header  # noqa: E402
 
 from cosmos_reason_interfaces.msg import Box2D, ReasoningResult  # noqa: E402
-from cosmos_reason_ros.ros.detections import load_vision_msgs, to_detection_array  # noqa: E402
+from cosmos_reason_ros.ros.detections import (  # noqa: E402
+    boxes_left_out,
+    detection_id,
+    detection_score,
+    is_detection,
+    load_vision_msgs,
+    to_detection_array,
+)
 
 pytestmark = pytest.mark.ros
 
@@ -102,13 +109,20 @@ STAND_IN = types.SimpleNamespace(
 )
 
 
-def result_with_two_boxes() -> ReasoningResult:
-    msg = ReasoningResult()
+GOAL_ID = "0f1e2d3c4b5a69788796a5b4c3d2e1f0"  # hex UUID, as the node fills goal_id
+
+
+def result_with_boxes() -> ReasoningResult:
+    """A goal's result: scored, degenerate, unlabelled and unscored, and a repeated label."""
+    msg = ReasoningResult(goal_id=GOAL_ID, origin="goal")
     msg.header = Header(stamp=Time(sec=1_700_000_000, nanosec=123_456_789), frame_id="camera")
     msg.boxes = [
         Box2D(label="red cup", score=0.75, x_min=10.0, y_min=20.0, x_max=110.0, y_max=70.0),
         Box2D(label="", score=math.nan, x_min=300.5, y_min=0.0, x_max=300.5, y_max=40.0,
               degenerate=True),
+        Box2D(label="", score=math.nan, x_min=200.0, y_min=100.0, x_max=260.0, y_max=180.0),
+        Box2D(label="red cup", score=math.nan, x_min=400.0, y_min=50.0, x_max=450.0,
+              y_max=90.0),
     ]
     return msg
 
@@ -116,32 +130,70 @@ def result_with_two_boxes() -> ReasoningResult:
 # --- tests ---------------------------------------------------------------------------------
 
 
-def test_one_detection_per_box_with_centre_size_label_and_score():
-    array = to_detection_array(result_with_two_boxes(), STAND_IN)
+def test_one_detection_per_non_degenerate_box_with_centre_size_label_and_score():
+    array = to_detection_array(result_with_boxes(), STAND_IN)
     assert isinstance(array, Detection2DArray)
-    assert len(array.detections) == 2
-    cup, unlabelled = array.detections
+    assert len(array.detections) == 3
+    cup, unlabelled, second_cup = array.detections
     assert (cup.bbox.center.position.x, cup.bbox.center.position.y) == (60.0, 45.0)
     assert (cup.bbox.size_x, cup.bbox.size_y) == (100.0, 50.0)
     assert cup.bbox.center.theta == 0.0
     assert len(cup.results) == 1
     assert cup.results[0].hypothesis.class_id == "red cup"
     assert cup.results[0].hypothesis.score == pytest.approx(0.75)
-    assert cup.id == "red cup"
-    # A degenerate box is kept (zero width), an empty label falls back to the index.
-    assert (unlabelled.bbox.center.position.x, unlabelled.bbox.size_x) == (300.5, 0.0)
-    assert unlabelled.bbox.size_y == 40.0
-    assert unlabelled.id == "1" and unlabelled.results[0].hypothesis.class_id == ""
+    assert (unlabelled.bbox.center.position.x, unlabelled.bbox.size_x) == (230.0, 60.0)
+    assert unlabelled.results[0].hypothesis.class_id == ""
+    assert second_cup.results[0].hypothesis.class_id == "red cup"
 
 
-def test_nan_score_becomes_zero():
-    array = to_detection_array(result_with_two_boxes(), STAND_IN)
-    score = array.detections[1].results[0].hypothesis.score
-    assert score == 0.0 and not math.isnan(score)
+def test_box_without_a_score_gets_one_and_a_scored_box_keeps_its_score():
+    # The model asserted the object without a confidence: 1.0, so score filters keep it.
+    scores = [d.results[0].hypothesis.score
+              for d in to_detection_array(result_with_boxes(), STAND_IN).detections]
+    assert scores == [pytest.approx(0.75), 1.0, 1.0]
+    assert detection_score(Box2D(score=0.0)) == 0.0  # a real 0 stays 0
+    assert detection_score(Box2D(score=math.inf)) == 1.0  # not a score either
+
+
+def test_degenerate_boxes_stay_out_of_detections_and_are_counted():
+    msg = result_with_boxes()
+    # Zero height without the flag (another producer): no detection either.
+    msg.boxes.append(Box2D(label="plate", score=0.5, x_min=5.0, y_min=9.0, x_max=50.0,
+                           y_max=9.0))
+    array = to_detection_array(msg, STAND_IN)
+    assert all(d.bbox.size_x > 0 and d.bbox.size_y > 0 for d in array.detections)
+    assert [d.id for d in array.detections] == [f"{GOAL_ID}/0", f"{GOAL_ID}/2", f"{GOAL_ID}/3"]
+    assert boxes_left_out(msg) == 2
+    assert len(msg.boxes) == 5 and msg.boxes[1].degenerate  # the result keeps them
+    assert [is_detection(b) for b in msg.boxes] == [True, False, True, True, False]
+    assert boxes_left_out(ReasoningResult()) == 0
+
+
+def test_ids_are_goal_id_and_box_index_unique_even_for_repeated_labels():
+    msg = result_with_boxes()
+    detections = to_detection_array(msg, STAND_IN).detections
+    assert len({d.id for d in detections}) == len(detections) == 3
+    for detection in detections:
+        goal_id, index = detection.id.split("/")
+        assert goal_id == GOAL_ID
+        box = msg.boxes[int(index)]  # the id finds the box in ~/results
+        assert box.label == detection.results[0].hypothesis.class_id
+        assert (box.x_max + box.x_min) / 2 == detection.bbox.center.position.x
+
+
+def test_periodic_result_ids_use_origin_and_source_stamp():
+    msg = result_with_boxes()
+    msg.goal_id, msg.origin = "", "periodic"
+    msg.header.stamp = Time(sec=1_700_000_000, nanosec=123)
+    ids = [d.id for d in to_detection_array(msg, STAND_IN).detections]
+    assert ids == ["periodic/1700000000.000000123/0", "periodic/1700000000.000000123/2",
+                   "periodic/1700000000.000000123/3"]
+    msg.origin = ""
+    assert detection_id(msg, 4) == "periodic/1700000000.000000123/4"
 
 
 def test_headers_are_copies_of_the_source_image_header():
-    msg = result_with_two_boxes()
+    msg = result_with_boxes()
     array = to_detection_array(msg, STAND_IN)
     for header in [array.header] + [d.header for d in array.detections]:
         assert header == msg.header
