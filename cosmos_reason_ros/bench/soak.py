@@ -95,16 +95,38 @@ def _window_median(samples: list[dict[str, Any]], key: str, t0: float, t1: float
     return statistics.median(vals) if vals else float("nan")
 
 
+def windows(samples: list[dict[str, Any]], args: argparse.Namespace
+            ) -> dict[str, tuple[float, float]]:
+    """Return the warm-up, baseline and final windows (seconds since the start).
+
+    By default (as issue 24 defines growth) the first 10 % of the run is warm-up, the baseline
+    is the next 10 % and the final window the last 10 %: growth = median(last 10 %) -
+    median(10-20 %). ``--warmup-s`` / ``--window-s`` override the two lengths.
+    """
+    end = samples[-1]["t"] if samples else 0.0
+    window = args.window_s if args.window_s else 0.1 * end
+    warmup = args.warmup_s if args.warmup_s is not None else 0.1 * end
+    warmup = min(warmup, max(0.0, end - 2 * window))  # a short run still gets two windows
+    return {"warmup": (0.0, warmup), "baseline": (warmup, warmup + window),
+            "final": (end - window, end)}
+
+
 def evaluate(samples: list[dict[str, Any]], counts: dict[str, int], args: argparse.Namespace
              ) -> dict[str, Any]:
-    """Growth figures, losses and which thresholds failed (pure; unit-testable)."""
-    end = samples[-1]["t"] if samples else 0.0
-    start = min(args.warmup_s, max(0.0, end - 2 * args.window_s))
-    growth = {}
+    """Warm-up and growth figures, losses and which thresholds failed (pure; unit-testable).
+
+    ``growth`` is what grew after warm-up (final window median - baseline window median);
+    ``warmup`` is what the warm-up took (baseline median - first sample), kept apart so that
+    filling caches and arenas at the start is not mistaken for a leak.
+    """
+    win = windows(samples, args)
+    growth, warmup = {}, {}
     for key in ("rss_mb", "fds", "threads"):
-        first = _window_median(samples, key, start, start + args.window_s)
-        last = _window_median(samples, key, end - args.window_s, end)
-        growth[key] = last - first
+        base = _window_median(samples, key, *win["baseline"])
+        growth[key] = _window_median(samples, key, *win["final"]) - base
+        warmup[key] = base - samples[0][key] if samples else float("nan")
+    span_h = (sum(win["final"]) - sum(win["baseline"])) / 2 / 3600
+    rss_per_hour = growth["rss_mb"] / span_h if span_h > 0 else float("nan")
     lost_goals = counts["goals_sent"] - counts["goal_results"]
     lost_periodic = max(0, counts["periodic_counted"] - counts["periodic_results"])
     failures = []
@@ -112,33 +134,50 @@ def evaluate(samples: list[dict[str, Any]], counts: dict[str, int], args: argpar
         failures.append(f"{lost_goals} goals without a result")
     if lost_periodic:
         failures.append(f"{lost_periodic} periodic runs not published")
+    if not counts.get("periodic_count_exact", True):
+        failures.append("the final periodic count did not settle (no quiet status in the drain)")
     if counts["goal_results"] and counts["goals_ok"] == 0:
         failures.append("no goal succeeded")
     if growth["rss_mb"] > args.max_rss_growth_mb:
         failures.append(f"RSS grew {growth['rss_mb']:.1f} MB > {args.max_rss_growth_mb} MB")
+    if args.max_rss_growth_mb_per_hour and rss_per_hour > args.max_rss_growth_mb_per_hour:
+        failures.append(f"RSS grew {rss_per_hour:.1f} MB/hour > "
+                        f"{args.max_rss_growth_mb_per_hour} MB/hour")
     if growth["fds"] > args.max_fd_growth:
         failures.append(f"open fds grew by {growth['fds']:.0f} > {args.max_fd_growth}")
     if growth["threads"] > args.max_thread_growth:
         failures.append(f"threads grew by {growth['threads']:.0f} > {args.max_thread_growth}")
-    return {"growth": growth, "lost_goals": lost_goals, "lost_periodic": lost_periodic,
-            "failures": failures, "passed": not failures}
+    return {"growth": growth, "warmup": warmup, "windows": win,
+            "rss_growth_mb_per_hour": rss_per_hour, "lost_goals": lost_goals,
+            "lost_periodic": lost_periodic, "failures": failures, "passed": not failures}
 
 
-def plot(samples: list[dict[str, Any]], path: Path) -> None:
-    """Four panels over time: RSS, fds, threads, cumulative goals/results/periodic."""
+def plot(samples: list[dict[str, Any]], summary: dict[str, Any], path: Path) -> None:
+    """Four panels over time: RSS (warm-up shaded, window medians drawn), fds, threads, counts."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     t = [s["t"] for s in samples]
+    win = summary["windows"]
     fig, axes = plt.subplots(4, 1, figsize=(9, 10), sharex=True)
     for ax, key, label in ((axes[0], "rss_mb", "RSS (MB, node + children)"),
                            (axes[1], "fds", "open file descriptors"),
                            (axes[2], "threads", "threads")):
-        ax.plot(t, [s[key] for s in samples])
+        ax.plot(t, [s[key] for s in samples], lw=0.8)
+        ax.axvspan(*win["warmup"], color="0.85", label="warm-up")
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
+    rss = axes[0]
+    for name, color in (("baseline", "tab:green"), ("final", "tab:red")):
+        t0, t1 = win[name]
+        level = _window_median(samples, "rss_mb", t0, t1)
+        rss.hlines(level, t0, t1, colors=color, lw=3, label=f"{name} median {level:.1f}")
+    rss.set_title(f"warm-up +{summary['warmup']['rss_mb']:.1f} MB; after warm-up "
+                  f"{summary['growth']['rss_mb']:+.1f} MB "
+                  f"({summary['rss_growth_mb_per_hour']:+.1f} MB/hour)")
+    rss.legend(loc="lower right", fontsize=8)
     for key in ("goals_sent", "goal_results", "periodic_results", "frames_published"):
         axes[3].plot(t, [s[key] / (10 if key == "frames_published" else 1) for s in samples],
                      label=key if key != "frames_published" else "frames published / 10")
@@ -149,6 +188,42 @@ def plot(samples: list[dict[str, Any]], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=80)
     plt.close(fig)
+
+
+def final_periodic_count(client: Any, lock: threading.Lock, diag_seen: threading.Condition,
+                         last_diag: dict[str, str], counts: dict[str, int], drain_s: float
+                         ) -> tuple[int, bool]:
+    """Stop periodic runs, then return (the node's final periodic count, whether exact).
+
+    The node starts no periodic run while a goal is running or queued, counts a run only after
+    publishing its result, and clears ``periodic_busy`` only after counting. So a status that
+    shows a goal in the node and ``periodic_busy`` 0 holds the final count: every run so far
+    is counted and on ~/results, and no other can start. The goal that holds the node waits
+    for a next frame that never comes (the camera has stopped) and is cancelled after. Then
+    we wait for our subscription to have every counted result (bounded by ``drain_s``).
+    """
+    from cosmos_reason_interfaces.action import Reason
+
+    hold = client.submit(client.goal("soak drain: hold the node", source=Reason.Goal.SOURCE_NEXT,
+                                     wait_for_image_s=drain_s, timeout_s=drain_s + 5.0))
+
+    def quiet() -> bool:
+        return bool(last_diag) and last_diag.get("periodic_busy") == "0" and (
+            int(last_diag.get("goals_active", 0)) + int(last_diag.get("goals_queued", 0))) > 0
+
+    deadline = time.monotonic() + drain_s
+    with lock:
+        exact = diag_seen.wait_for(quiet, timeout=drain_s)
+        counted = counts["periodic_counted"]
+        if exact:
+            diag_seen.wait_for(lambda: counts["periodic_results"] >= counted,
+                               timeout=max(0.0, deadline - time.monotonic()))
+    hold.cancel()
+    try:
+        hold.result(timeout_s=10.0)
+    except Exception:  # noqa: BLE001, S110 - the hold goal's own outcome does not matter
+        pass
+    return counted, exact
 
 
 def run(args: argparse.Namespace) -> int:
@@ -166,6 +241,54 @@ def run(args: argparse.Namespace) -> int:
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    # Subscribe before the node starts: every periodic result the node counts must reach us,
+    # and one published before our reader matched the node's writer is never delivered (a
+    # volatile topic). Issue 24's "lost" periodic result was such a run: the node's first
+    # runs (no frame yet) went out while the soak was still creating its subscription.
+    rclpy.init()
+    node = rclpy.create_node("soak")
+    executor = MultiThreadedExecutor()
+    executor.add_node(node)
+    threading.Thread(target=executor.spin, daemon=True).start()
+    lock = threading.Lock()
+    diag_seen = threading.Condition(lock)
+    counts = {"goals_sent": 0, "goal_results": 0, "goals_ok": 0, "periodic_results": 0,
+              "periodic_counted": 0, "frames_published": 0, "node_frames_received": 0}
+    last_diag: dict[str, str] = {}
+    codes: dict[str, int] = {}
+    latencies: list[float] = []
+
+    def on_result(msg: ReasoningResult) -> None:
+        if msg.origin == "periodic":
+            with lock:
+                counts["periodic_results"] += 1
+                diag_seen.notify_all()
+
+    def on_diag(msg: DiagnosticArray) -> None:
+        for status in msg.status:
+            values = {kv.key: kv.value for kv in status.values}
+            if "periodic_run" in values:
+                with lock:
+                    counts["periodic_counted"] = int(values["periodic_run"]) + int(
+                        values["periodic_failed"])
+                    counts["node_frames_received"] = int(values["frames_received"])
+                    last_diag.clear()
+                    last_diag.update(values)
+                    diag_seen.notify_all()
+
+    results_sub = node.create_subscription(ReasoningResult, "/cosmos_reason/results",
+                                           on_result, 100)
+    node.create_subscription(DiagnosticArray, "/diagnostics", on_diag, 10)
+    camera = node.create_publisher(Image, "/image", qos_profile_sensor_data)
+
+    def give_up(code: int) -> int:
+        executor.shutdown()
+        node.destroy_node()
+        rclpy.try_shutdown()
+        if proc is not None:
+            stop_node(proc)
+        return code
+
     proc: subprocess.Popen | None = None
     log: list[str] = []
     pid = args.node_pid
@@ -178,47 +301,27 @@ def run(args: argparse.Namespace) -> int:
         proc = start_node(model, args.preset, args.periodic_s, args.param)
         if not wait_ready(proc, log, args.startup_timeout_s):
             print("soak: the node did not become ready:\n" + "\n".join(log[-30:]))
-            stop_node(proc)
-            return 2
+            return give_up(2)
         pid = proc.pid
     if not pid:
         print("soak: --connect needs --node-pid to sample the node's resources")
-        return 2
-
-    rclpy.init()
-    node = rclpy.create_node("soak")
-    executor = MultiThreadedExecutor()
-    executor.add_node(node)
-    threading.Thread(target=executor.spin, daemon=True).start()
-    lock = threading.Lock()
-    counts = {"goals_sent": 0, "goal_results": 0, "goals_ok": 0, "periodic_results": 0,
-              "periodic_counted": 0, "frames_published": 0, "node_frames_received": 0}
-    codes: dict[str, int] = {}
-    latencies: list[float] = []
-
-    def on_result(msg: ReasoningResult) -> None:
-        if msg.origin == "periodic":
-            with lock:
-                counts["periodic_results"] += 1
-
-    def on_diag(msg: DiagnosticArray) -> None:
-        for status in msg.status:
-            values = {kv.key: kv.value for kv in status.values}
-            if "periodic_run" in values:
-                with lock:
-                    counts["periodic_counted"] = int(values["periodic_run"]) + int(
-                        values["periodic_failed"])
-                    counts["node_frames_received"] = int(values["frames_received"])
-
-    node.create_subscription(ReasoningResult, "/cosmos_reason/results", on_result, 100)
-    node.create_subscription(DiagnosticArray, "/diagnostics", on_diag, 10)
-    camera = node.create_publisher(Image, "/image", qos_profile_sensor_data)
+        return give_up(2)
+    # The node's ~/results writer exists from its constructor on, long before the engine is
+    # up and the first periodic run starts, so by now the two have matched; say so if not.
+    if results_sub.get_publisher_count() == 0:
+        print("soak: warning: ~/results not matched at start; early periodic results may be "
+              "missed", flush=True)
+    periodic_offset = 0
+    if args.connect:
+        # A running node counted runs we never saw: count from the first status we get.
+        with lock:
+            diag_seen.wait_for(lambda: bool(last_diag), timeout=10.0)
+            periodic_offset = counts["periodic_counted"] - counts["periodic_results"]
     client = ReasonClient(node_name="soak_client")  # its own participant, not the camera's
     if not client.wait_for_server(30.0):
         print("soak: no action server")
-        if proc is not None:
-            stop_node(proc)
-        return 2
+        client.close()
+        return give_up(2)
 
     stop = threading.Event()
 
@@ -275,16 +378,19 @@ def run(args: argparse.Namespace) -> int:
             time.sleep(max(0.0, t_start + len(samples) - time.monotonic()))
     finally:
         stop.set()
-    # Drain: every goal sent must get its result; periodic counters catch up.
+    # Drain: every goal sent must get its result.
     deadline = time.monotonic() + args.drain_s
     while time.monotonic() < deadline:
         with lock:
             if counts["goal_results"] >= counts["goals_sent"]:
                 break
         time.sleep(0.1)
-    time.sleep(2.5)  # one more diagnostics period and the last periodic result
+    counted, exact = final_periodic_count(client, lock, diag_seen, last_diag, counts,
+                                          args.drain_s)
     with lock:
         final = dict(counts)
+    final["periodic_counted"] = counted - periodic_offset
+    final["periodic_count_exact"] = exact
     summary = evaluate(samples, final, args)
     report = {
         "config": {k: v for k, v in vars(args).items()},
@@ -298,7 +404,7 @@ def run(args: argparse.Namespace) -> int:
     }
     (out / "soak.json").write_text(json.dumps(report, indent=1))
     if samples:
-        plot(samples, out / "soak.png")
+        plot(samples, summary, out / "soak.png")
     g = summary["growth"]
     print(f"soak: {'PASS' if summary['passed'] else 'FAIL'} duration_s={args.duration_s:.0f} "
           f"goals_sent={final['goals_sent']} goal_results={final['goal_results']} "
@@ -307,7 +413,11 @@ def run(args: argparse.Namespace) -> int:
           f"periodic_counted={final['periodic_counted']} "
           f"frames_published={final['frames_published']} "
           f"frames_received={final['node_frames_received']} "
-          f"rss_growth_mb={g['rss_mb']:.1f} fd_growth={g['fds']:.0f} "
+          f"periodic_count_exact={final['periodic_count_exact']} "
+          f"rss_warmup_mb={summary['warmup']['rss_mb']:.1f} "
+          f"rss_growth_mb={g['rss_mb']:.1f} "
+          f"rss_growth_mb_per_hour={summary['rss_growth_mb_per_hour']:.1f} "
+          f"fd_growth={g['fds']:.0f} "
           f"thread_growth={g['threads']:.0f} goal_p50_s={report['goal_latency_s']['p50']:.3f} "
           f"out={out}" + (f" failures={summary['failures']}" if summary["failures"] else ""),
           flush=True)
@@ -340,17 +450,25 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--connect", action="store_true", help="use a running node")
     p.add_argument("--node-pid", type=int, default=0, help="with --connect: the node's pid")
     p.add_argument("--out", default="out/soak")
-    p.add_argument("--warmup-s", type=float, default=10.0)
-    p.add_argument("--window-s", type=float, default=10.0)
+    p.add_argument("--warmup-s", type=float, default=None,
+                   help="seconds of warm-up before the baseline window (default: 10 %% of the run)")
+    p.add_argument("--window-s", type=float, default=None,
+                   help="length of the baseline and final windows (default: 10 %% of the run)")
     p.add_argument("--drain-s", type=float, default=60.0)
     p.add_argument("--startup-timeout-s", type=float, default=600.0)
-    p.add_argument("--max-rss-growth-mb", type=float, default=100.0)
+    p.add_argument("--max-rss-growth-mb", type=float, default=100.0,
+                   help="fail above this RSS growth after warm-up (final - baseline median)")
+    p.add_argument("--max-rss-growth-mb-per-hour", type=float, default=0.0,
+                   help="fail above this growth rate after warm-up (0: no limit)")
     p.add_argument("--max-fd-growth", type=float, default=20)
     p.add_argument("--max-thread-growth", type=float, default=10)
     p.add_argument("--verbose", action="store_true")
     args = p.parse_args(argv)
-    for name in ("duration_s", "camera_hz", "goal_period_s", "periodic_s", "window_s"):
+    for name in ("duration_s", "camera_hz", "goal_period_s", "periodic_s"):
         if not getattr(args, name) > 0:
+            p.error(f"--{name.replace('_', '-')} must be positive")
+    for name in ("window_s", "warmup_s"):
+        if getattr(args, name) is not None and not getattr(args, name) > 0:
             p.error(f"--{name.replace('_', '-')} must be positive")
     return args
 

@@ -52,6 +52,9 @@ MAX_SCHEMA_DEPTH = 16
 MAX_INPUT_SIDE = 32768
 
 
+DEFAULT_TASK = Task.VQA  # what an empty ``task`` field means
+
+
 def parse_task(value: str | Task) -> Task:
     """Return the ``Task`` named by ``value``; empty means ``Task.VQA``.
 
@@ -63,7 +66,7 @@ def parse_task(value: str | Task) -> Task:
         raise BadRequestError(f"task={value!r} must be a string")
     name = value.strip().lower().replace("-", "_")
     if not name:
-        return Task.VQA
+        return DEFAULT_TASK
     try:
         return Task(name)
     except ValueError:

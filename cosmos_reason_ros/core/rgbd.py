@@ -217,8 +217,8 @@ def check_registration(
         )
     allowed = {colour_frame_id} | ({registered_frame_id} if registered_frame_id else set())
     if depth_frame_id not in allowed:
-        declared = f" or the declared registered frame {registered_frame_id!r}" * bool(
-            registered_frame_id)
+        declared = (f" or the declared registered frame {registered_frame_id!r}"
+                    if registered_frame_id else "")
         raise BadImageError(
             f"depth frame_id={depth_frame_id!r} is not the colour frame_id="
             f"{colour_frame_id!r}{declared}: depth must be registered to the colour camera "

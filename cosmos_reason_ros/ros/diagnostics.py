@@ -46,6 +46,7 @@ def node_status(node: ReasonNode) -> DiagnosticStatus:
         **{f"periodic_{k}": v for k, v in node.periodic.snapshot().items()},
         **{f"gc_{k}": round(v, 4) if isinstance(v, float) else v
            for k, v in dataclasses.asdict(node.gc_pauses.stats()).items()},
+        "detections_left_out": node.outputs.detections_left_out,
         "prefill_enabled": p["prefill.enabled"],
         **{(k if k.startswith("goals") else f"prefill_{k}"): v
            for k, v in dataclasses.asdict(node.prefill.counts()).items()},

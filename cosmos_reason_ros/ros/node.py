@@ -37,6 +37,7 @@ from cosmos_reason_ros.core.frames import FrameHistory
 from cosmos_reason_ros.core.models import ModelProfile, detect_profile
 from cosmos_reason_ros.core.pipeline import GoalPipeline, Settings, Stage, Stop
 from cosmos_reason_ros.core.prefill import PrefillPolicy
+from cosmos_reason_ros.core.prompts import DEFAULT_TASK
 from cosmos_reason_ros.core.types import (
     CosmosReasonError,
     DeadlineExceededError,
@@ -263,8 +264,8 @@ class ReasonNode(Node):
         except OverloadedError as e:
             self._count("rejected")
             self.get_logger().warning(f"goal rejected: code=OVERLOADED message={e.message}")
-            msg = ReasoningResult(origin="goal", model=self.runner.model_name, task=goal.task,
-                                  prompt=goal.prompt)
+            msg = ReasoningResult(origin="goal", model=self.runner.model_name,
+                                  task=goal.task or DEFAULT_TASK.value, prompt=goal.prompt)
             messages.fill_error(msg, e)
             self.outputs.publish_result(msg)
             return GoalResponse.REJECT
@@ -283,8 +284,8 @@ class ReasonNode(Node):
         t_accept, accepted_ns = time.monotonic(), self.now_ns()
         goal = goal_handle.request
         msg = ReasoningResult(goal_id=bytes(goal_handle.goal_id.uuid).hex(), origin="goal",
-                              model=self.runner.model_name, task=goal.task or "vqa",
-                              prompt=goal.prompt)
+                              model=self.runner.model_name,
+                              task=goal.task or DEFAULT_TASK.value, prompt=goal.prompt)
 
         def should_stop() -> Stop | None:
             if goal_handle.is_cancel_requested:

@@ -6,6 +6,8 @@ image is drawn only while someone subscribes, and detections only when vision_ms
 
 from __future__ import annotations
 
+import threading
+
 from rclpy.node import Node
 from sensor_msgs.msg import Image
 
@@ -14,7 +16,11 @@ from cosmos_reason_ros.core.annotate import draw_annotations
 from cosmos_reason_ros.core.pipeline import Media
 from cosmos_reason_ros.core.types import CosmosReasonError
 from cosmos_reason_ros.ros import messages
-from cosmos_reason_ros.ros.detections import load_vision_msgs, to_detection_array
+from cosmos_reason_ros.ros.detections import (
+    boxes_left_out,
+    load_vision_msgs,
+    to_detection_array,
+)
 
 # ~/results is reliable keep-last: a burst (e.g. 100 goals at once, most refused OVERLOADED)
 # must fit in the writer's history until a slow subscriber acknowledges it, or results drop.
@@ -27,6 +33,8 @@ class Outputs:
     def __init__(self, node: Node) -> None:
         """Create ``~/results``, ``~/annotated_image`` and, with vision_msgs, ``~/detections``."""
         self.node = node
+        self.detections_left_out = 0  # degenerate boxes kept out of detections (diagnostics)
+        self._lock = threading.Lock()
         self.results = node.create_publisher(ReasoningResult, "~/results", RESULTS_QUEUE_DEPTH)
         self.annotated = node.create_publisher(Image, "~/annotated_image", 2)
         self._vision_msgs = load_vision_msgs()
@@ -44,7 +52,10 @@ class Outputs:
 
     def publish_extras(self, msg: ReasoningResult, media: Media | None) -> None:
         """Publish detections, and the annotated image when someone subscribes (drawing costs)."""
-        if self.detections is not None and msg.boxes:
+        left_out = boxes_left_out(msg) if msg.boxes else 0
+        with self._lock:  # goal threads and the periodic thread publish concurrently
+            self.detections_left_out += left_out
+        if self.detections is not None and len(msg.boxes) > left_out:
             self.detections.publish(to_detection_array(msg, self._vision_msgs))
         if media is None or self.annotated.get_subscription_count() == 0:
             return

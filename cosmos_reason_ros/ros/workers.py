@@ -32,7 +32,7 @@ class PeriodicRuns:
         """Attach to ``node``; the node's timer calls :meth:`on_timer`."""
         self.node = node
         self.busy = threading.Event()
-        self.counts = {"run": 0, "skipped": 0, "failed": 0}
+        self.counts = {"run": 0, "skipped": 0, "failed": 0, "unpublished": 0}
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
 
@@ -97,11 +97,23 @@ class PeriodicRuns:
             messages.fill_error(msg, EngineError(f"internal error: {e!r}"))
             node.get_logger().error(f"periodic run: internal error: {e!r}")
         finally:
-            # Publish, then count, then clear busy: a counter in /diagnostics never includes a
-            # result that is not on ~/results yet (counted <= published at every instant).
             msg.total_s = time.monotonic() - t0
-            node.outputs.publish_result(msg)
-            self._count(outcome)
+            self._publish(msg, outcome)
+
+    def _publish(self, msg: ReasoningResult, outcome: str) -> None:
+        # Publish, then count, then clear busy: /diagnostics never counts a result that is not
+        # on ~/results yet (run + failed <= published at every instant), and a result that
+        # could not go out (the context already shut down) is counted as "unpublished".
+        node = self.node
+        published = False
+        try:
+            if node.context.ok():
+                node.outputs.publish_result(msg)
+                published = True
+        except Exception as e:  # noqa: BLE001 - busy must be cleared whatever happens
+            node.get_logger().error(f"periodic run: result not published: {e!r}")
+        finally:
+            self._count(outcome if published else "unpublished")
             self.busy.clear()
 
 

@@ -263,9 +263,9 @@ def test_diagnostics_count_outcomes(make_node):
     n.wait_frames(1)
     n.ask(prompt="one")
     n.ask(prompt="")  # refused: empty prompt
-    values = {kv.key: kv.value for kv in
-              __import__("cosmos_reason_ros.ros.diagnostics", fromlist=["x"])
-              .node_status(n.node).values}
+    from cosmos_reason_ros.ros.diagnostics import node_status
+
+    values = {kv.key: kv.value for kv in node_status(n.node).values}
     assert values["goals_succeeded"] == "1" and values["goals_rejected"] == "1"
     assert values["engine_state"] == "ready" and values["frames_received"] == "1"
     assert values["ttft_p50_s"] != ""
@@ -313,3 +313,18 @@ def test_50_goals_cancelled_at_once_all_end_canceled_and_every_request_is_aborte
     assert all(r.error_code == ErrorCode.CANCELLED and r.output_tokens > 0 for _, r in results)
     assert sorted(n.engine.aborted) == sorted(r.request_id for r in n.engine.requests)
     assert not n.engine.running
+
+
+def test_degenerate_boxes_stay_in_the_result_and_are_counted_in_diagnostics(make_node):
+    from cosmos_reason_ros.ros.diagnostics import node_status
+
+    answer = '[{"bbox_2d": [100, 100, 300, 400], "label": "cup"}, ' \
+             '{"bbox_2d": [500, 500, 500, 600], "label": "line"}]'
+    n = make_node(script=lambda r: Script(deltas=[answer]))
+    n.publish()
+    n.wait_frames(1)
+    status, result = n.ask(task="ground", targets=["cup", "line"])
+    assert status == GoalStatus.STATUS_SUCCEEDED
+    assert [b.degenerate for b in result.boxes] == [False, True]
+    values = {kv.key: kv.value for kv in node_status(n.node).values}
+    assert values["detections_left_out"] == "1"
