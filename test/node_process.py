@@ -144,3 +144,122 @@ def scene(width: int, height: int, seed: int = 0) -> np.ndarray:
         x, y = rng.integers(0, width - 40), rng.integers(0, height - 40)
         img[y:y + 40, x:x + 40] = rng.integers(0, 255, 3)
     return img
+
+
+class ProcessTree:
+    """Every process seen below ``pid`` while it runs (polled), to check none outlives it.
+
+    vLLM's engine processes come and go during start-up, so the tree is watched from the
+    start: a process that was only seen once still counts.
+    """
+
+    def __init__(self, pid: int, period_s: float = 0.05) -> None:
+        import psutil
+
+        self._psutil = psutil
+        self._root = psutil.Process(pid)
+        self._seen: dict[int, psutil.Process] = {}
+        self._parents: dict[int, int] = {}
+        self._cond = threading.Condition()
+        self._stop = threading.Event()
+        self._period_s = period_s
+        threading.Thread(target=self._watch, daemon=True).start()
+
+    def _watch(self) -> None:
+        while not self._stop.is_set():
+            try:
+                children = self._root.children(recursive=True)
+            except self._psutil.Error:  # the root has ended: nothing new can appear below it
+                break
+            with self._cond:
+                for child in children:
+                    if child.pid not in self._seen:
+                        try:
+                            self._parents[child.pid] = child.ppid()
+                        except self._psutil.Error:  # ended already
+                            continue
+                        self._seen[child.pid] = child
+                self._cond.notify_all()
+            self._stop.wait(self._period_s)
+
+    def seen(self) -> list:
+        """The ``psutil.Process`` of every descendant seen so far."""
+        with self._cond:
+            return list(self._seen.values())
+
+    def names(self) -> list[str]:
+        """What each descendant seen was (its title, else its command line), for messages."""
+        return [_describe(p) for p in self.seen()]
+
+    def spawned(self, depth: int) -> list:
+        """Spawned descendants ``depth`` levels down: 1 the engine core, 2 its workers."""
+        with self._cond:
+            procs = dict(self._seen)
+            parents = dict(self._parents)
+        found = []
+        for pid, process in procs.items():
+            level, up = 1, parents.get(pid)
+            while up is not None and up != self._root.pid:
+                level, up = level + 1, parents.get(up)
+            if level == depth and up == self._root.pid and is_spawned(process):
+                found.append(process)
+        return found
+
+    def wait_for(self, predicate, timeout_s: float) -> bool:
+        """Wait until ``predicate(self)`` holds; False on timeout."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while not predicate(self):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._cond.wait(min(remaining, 0.5))
+            return True
+
+    def alive(self) -> list:
+        """Descendants seen that still run (zombies waiting to be reaped have ended)."""
+        alive = []
+        for p in self.seen():
+            try:
+                if p.is_running() and p.status() != self._psutil.STATUS_ZOMBIE:
+                    alive.append(p)
+            except self._psutil.Error:
+                pass
+        return alive
+
+    def survivors_after(self, grace_s: float) -> list:
+        """Descendants still alive ``grace_s`` after now (returns early once none is)."""
+        deadline = time.monotonic() + grace_s
+        while True:
+            alive = self.alive()
+            if not alive or time.monotonic() >= deadline:
+                return alive
+            time.sleep(0.1)
+
+    def close(self) -> None:
+        """Stop watching and kill whatever is left (a failed test must not leave them)."""
+        self._stop.set()
+        for p in self.alive():
+            try:
+                p.kill()
+            except self._psutil.Error:
+                pass
+
+
+def _describe(process) -> str:
+    try:
+        return f"{process.pid} {process.name()} {' '.join(process.cmdline())[:120]}"
+    except Exception:  # noqa: BLE001 - ended meanwhile
+        return str(process.pid)
+
+
+def is_spawned(process) -> bool:
+    """True for a multiprocessing 'spawn' child (vLLM's engine core and workers).
+
+    Their command line is the spawn bootstrap until vLLM retitles them ``VLLM::...``.
+    """
+    try:
+        title = " ".join(process.cmdline())
+    except Exception:  # noqa: BLE001 - ended meanwhile
+        return False
+    return "VLLM::" in title or "multiprocessing.spawn" in title

@@ -48,12 +48,13 @@ def config_dir() -> Path:
 
 def start_node(model: str, preset: str, periodic_s: float, extra: Sequence[str]
                ) -> subprocess.Popen:
-    """Start the node with periodic monitoring on; its output goes to a pipe."""
+    """Start the node (periodic monitoring on unless ``periodic_s`` is 0); output to a pipe."""
     args = [sys.executable, "-m", "cosmos_reason_ros.ros.node", "--ros-args", "--params-file",
-            str(config_dir() / f"{preset}.yaml"),
-            "-p", "periodic.enabled:=true", "-p", f"periodic.period_s:={periodic_s}",
-            "-p", "periodic.prompt:=Is the way ahead blocked?", "-p", "periodic.max_tokens:=4",
-            "-p", "image.max_age_s:=10.0"]
+            str(config_dir() / f"{preset}.yaml"), "-p", "image.max_age_s:=10.0"]
+    if periodic_s > 0:
+        args += ["-p", "periodic.enabled:=true", "-p", f"periodic.period_s:={periodic_s}",
+                 "-p", "periodic.prompt:=Is the way ahead blocked?",
+                 "-p", "periodic.max_tokens:=4"]
     if model:
         args += ["-p", f"engine.model:={model}"]
     for item in extra:
@@ -73,6 +74,81 @@ def render_frame(t: float, width: int, height: int) -> Any:
     x = int((0.5 + 0.4 * np.sin(t)) * (width - width // 5))
     frame[height // 3: height // 3 + height // 5, x: x + width // 5] = (220, 40, 40)
     return frame
+
+
+def jpeg_image(rgb: Any, header: Any) -> Any:
+    """Encode an RGB frame as a JPEG ``sensor_msgs/CompressedImage`` (quality 90)."""
+    import cv2
+    from sensor_msgs.msg import CompressedImage
+
+    ok, data = cv2.imencode(".jpg", rgb[..., ::-1], [cv2.IMWRITE_JPEG_QUALITY, 90])
+    if not ok:
+        raise RuntimeError("JPEG encoding failed")
+    return CompressedImage(header=header, format="jpeg", data=data.tobytes())
+
+
+def camera_qos(reliability: str, depth: int) -> Any:
+    """Keep-last QoS of ``depth`` with ``reliability`` (best_effort or reliable)."""
+    from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
+
+    return QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=depth,
+                      reliability=ReliabilityPolicy.BEST_EFFORT if reliability == "best_effort"
+                      else ReliabilityPolicy.RELIABLE)
+
+
+class FrameProbe:
+    """A second camera reader in its own participant, with the node's camera QoS.
+
+    Counts what DDS delivers to a reader that is never starved (its own thread, no other
+    work) and the reader's DDS *sample lost* status (samples the middleware knows it never
+    delivered, e.g. a fragmented best-effort frame missing a fragment). Frames the probe got
+    but the node did not were lost in the node's process (its reader's keep-last queue
+    overwritten before its executor took them); frames the probe lost too were lost by DDS.
+    """
+
+    def __init__(self, topic: str, msg_type: Any, qos: Any) -> None:
+        """Create the reader on a context of its own and spin it."""
+        import rclpy
+        from rclpy.executors import SingleThreadedExecutor
+
+        try:  # Iron and later; Humble has the same class in rclpy.qos_event
+            from rclpy.event_handler import SubscriptionEventCallbacks
+        except ImportError:  # pragma: no cover - Humble
+            from rclpy.qos_event import SubscriptionEventCallbacks
+
+        self.received = 0
+        self.lost = 0
+        self._lock = threading.Lock()
+        self.context = rclpy.context.Context()
+        rclpy.init(context=self.context)
+        self.node = rclpy.create_node("soak_frame_probe", context=self.context)
+        self.node.create_subscription(
+            msg_type, topic, self._on_frame, qos, raw=True,
+            event_callbacks=SubscriptionEventCallbacks(message_lost=self._on_lost))
+        self.executor = SingleThreadedExecutor(context=self.context)
+        self.executor.add_node(self.node)
+        threading.Thread(target=self.executor.spin, name="frame_probe", daemon=True).start()
+
+    def _on_frame(self, _data: bytes) -> None:
+        with self._lock:
+            self.received += 1
+
+    def _on_lost(self, info: Any) -> None:
+        with self._lock:
+            self.lost += info.total_count_change
+
+    def counts(self) -> dict[str, int]:
+        """Frames received and reported lost so far."""
+        with self._lock:
+            return {"frames_probe_received": self.received, "frames_probe_lost": self.lost}
+
+    def close(self) -> None:
+        """Stop spinning and shut the probe's context down."""
+        import rclpy
+
+        self.executor.shutdown()
+        self.node.destroy_node()
+        rclpy.try_shutdown(context=self.context)
 
 
 def sample_process(pid: int) -> dict[str, float]:
@@ -231,8 +307,7 @@ def run(args: argparse.Namespace) -> int:
     import rclpy
     from diagnostic_msgs.msg import DiagnosticArray
     from rclpy.executors import MultiThreadedExecutor
-    from rclpy.qos import qos_profile_sensor_data
-    from sensor_msgs.msg import Image
+    from sensor_msgs.msg import CompressedImage, Image
     from std_msgs.msg import Header
 
     from cosmos_reason_interfaces.msg import ReasoningResult
@@ -279,12 +354,24 @@ def run(args: argparse.Namespace) -> int:
     results_sub = node.create_subscription(ReasoningResult, "/cosmos_reason/results",
                                            on_result, 100)
     node.create_subscription(DiagnosticArray, "/diagnostics", on_diag, 10)
-    camera = node.create_publisher(Image, "/image", qos_profile_sensor_data)
+    jpeg = args.camera_format == "jpeg"
+    camera_type, camera_topic = (CompressedImage, "/image/compressed") if jpeg else (
+        Image, "/image")
+    camera = node.create_publisher(camera_type, camera_topic,
+                                   camera_qos(args.camera_reliability, args.camera_depth))
+    probe = FrameProbe(camera_topic, camera_type,
+                       camera_qos(args.camera_reliability, args.node_qos_depth)) \
+        if args.probe else None
+    node_params = [f"image.qos_reliability:={args.camera_reliability}",
+                   f"image.qos_depth:={args.node_qos_depth}",
+                   *(["image.input:=compressed"] if jpeg else []), *args.param]
 
     def give_up(code: int) -> int:
         executor.shutdown()
         node.destroy_node()
         rclpy.try_shutdown()
+        if probe is not None:
+            probe.close()
         if proc is not None:
             stop_node(proc)
         return code
@@ -298,7 +385,7 @@ def run(args: argparse.Namespace) -> int:
             from cosmos_reason_ros.tools.tiny_model import ensure_tiny_model
 
             model = str(ensure_tiny_model("qwen3_vl"))
-        proc = start_node(model, args.preset, args.periodic_s, args.param)
+        proc = start_node(model, args.preset, args.periodic_s, node_params)
         if not wait_ready(proc, log, args.startup_timeout_s):
             print("soak: the node did not become ready:\n" + "\n".join(log[-30:]))
             return give_up(2)
@@ -332,7 +419,7 @@ def run(args: argparse.Namespace) -> int:
             frame = render_frame(time.monotonic() - t0, args.width, args.height)
             header = Header(stamp=ns_to_stamp(node.get_clock().now().nanoseconds),
                             frame_id="soak_camera")
-            camera.publish(rgb_image(frame, header))
+            camera.publish(jpeg_image(frame, header) if jpeg else rgb_image(frame, header))
             n += 1
             with lock:
                 counts["frames_published"] = n
@@ -350,7 +437,7 @@ def run(args: argparse.Namespace) -> int:
     def goals() -> None:
         i = 0
         t0 = time.monotonic()
-        while not stop.is_set():
+        while args.goal_period_s > 0 and not stop.is_set():
             goal = client.goal(f"Question {i}: what is on the table?",
                                max_tokens=args.max_tokens, max_image_age_s=10.0)
             t_sent = time.monotonic()
@@ -365,13 +452,17 @@ def run(args: argparse.Namespace) -> int:
     threading.Thread(target=stream, daemon=True).start()
     threading.Thread(target=goals, daemon=True).start()
     t_start = time.monotonic()
-    print(f"soak: running {args.duration_s:.0f} s (camera {args.camera_hz:g} Hz, a goal every "
-          f"{args.goal_period_s:g} s, periodic every {args.periodic_s:g} s)", flush=True)
+    print(f"soak: running {args.duration_s:.0f} s (camera {args.camera_hz:g} Hz "
+          f"{args.width}x{args.height} {args.camera_format} {args.camera_reliability} "
+          f"node depth {args.node_qos_depth}, a goal every {args.goal_period_s:g} s, periodic "
+          f"every {args.periodic_s:g} s; 0 = off)", flush=True)
     try:
         while (now := time.monotonic()) - t_start < args.duration_s:
             sample = {"t": now - t_start, **sample_process(pid)}
             with lock:
                 sample.update(counts)
+            if probe is not None:
+                sample.update(probe.counts())
             samples.append(sample)
             if args.verbose and len(samples) % 10 == 0:
                 print(json.dumps(sample), flush=True)
@@ -386,9 +477,11 @@ def run(args: argparse.Namespace) -> int:
                 break
         time.sleep(0.1)
     counted, exact = final_periodic_count(client, lock, diag_seen, last_diag, counts,
-                                          args.drain_s)
+                                          args.drain_s) if args.periodic_s > 0 else (0, True)
     with lock:
         final = dict(counts)
+    if probe is not None:
+        final.update(probe.counts())
     final["periodic_counted"] = counted - periodic_offset
     final["periodic_count_exact"] = exact
     summary = evaluate(samples, final, args)
@@ -413,7 +506,9 @@ def run(args: argparse.Namespace) -> int:
           f"periodic_counted={final['periodic_counted']} "
           f"frames_published={final['frames_published']} "
           f"frames_received={final['node_frames_received']} "
-          f"periodic_count_exact={final['periodic_count_exact']} "
+          + (f"frames_probe_received={final['frames_probe_received']} "
+             f"frames_probe_lost={final['frames_probe_lost']} " if probe is not None else "")
+          + f"periodic_count_exact={final['periodic_count_exact']} "
           f"rss_warmup_mb={summary['warmup']['rss_mb']:.1f} "
           f"rss_growth_mb={g['rss_mb']:.1f} "
           f"rss_growth_mb_per_hour={summary['rss_growth_mb_per_hour']:.1f} "
@@ -422,6 +517,8 @@ def run(args: argparse.Namespace) -> int:
           f"out={out}" + (f" failures={summary['failures']}" if summary["failures"] else ""),
           flush=True)
     client.close()
+    if probe is not None:
+        probe.close()
     executor.shutdown()
     node.destroy_node()
     rclpy.try_shutdown()
@@ -438,11 +535,23 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="soak", description=__doc__.split("\n\n")[0])
     p.add_argument("--duration-s", type=float, default=600.0)
     p.add_argument("--camera-hz", type=float, default=10.0)
-    p.add_argument("--goal-period-s", type=float, default=1.0)
-    p.add_argument("--periodic-s", type=float, default=1.0)
+    p.add_argument("--goal-period-s", type=float, default=1.0, help="0: no goals")
+    p.add_argument("--periodic-s", type=float, default=1.0, help="0: periodic runs off")
     p.add_argument("--max-tokens", type=int, default=8)
     p.add_argument("--width", type=int, default=640)
     p.add_argument("--height", type=int, default=480)
+    p.add_argument("--camera-format", choices=("raw", "jpeg"), default="raw",
+                   help="rgb8 Image on /image, or JPEG CompressedImage on /image/compressed "
+                   "(the node then gets image.input:=compressed)")
+    p.add_argument("--camera-reliability", choices=("best_effort", "reliable"),
+                   default="best_effort", help="camera QoS, for the publisher and the node")
+    p.add_argument("--camera-depth", type=int, default=5,
+                   help="the camera publisher's keep-last depth (5: sensor-data QoS)")
+    p.add_argument("--node-qos-depth", type=int, default=1,
+                   help="the node's camera queue depth (image.qos_depth)")
+    p.add_argument("--probe", action="store_true",
+                   help="count frames at a second reader with the node's QoS and its DDS "
+                   "sample-lost status (where frames are lost)")
     p.add_argument("--model", default="", help="checkpoint (default: the tiny test model)")
     p.add_argument("--preset", default="cpu_demo")
     p.add_argument("--param", action="append", default=[],
@@ -464,9 +573,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-thread-growth", type=float, default=10)
     p.add_argument("--verbose", action="store_true")
     args = p.parse_args(argv)
-    for name in ("duration_s", "camera_hz", "goal_period_s", "periodic_s"):
+    for name in ("duration_s", "camera_hz"):
         if not getattr(args, name) > 0:
             p.error(f"--{name.replace('_', '-')} must be positive")
+    for name in ("goal_period_s", "periodic_s"):
+        if getattr(args, name) < 0:
+            p.error(f"--{name.replace('_', '-')} must be >= 0 (0: off)")
     for name in ("window_s", "warmup_s"):
         if getattr(args, name) is not None and not getattr(args, name) > 0:
             p.error(f"--{name.replace('_', '-')} must be positive")

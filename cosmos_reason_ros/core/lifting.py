@@ -16,15 +16,15 @@ Estimation, and why:
   object also covers the table or wall behind it, and with a thin object the background can be
   most of the box. Valid depths go into a histogram with bins proportional to depth
   (``bin_rel``, so sensor noise that grows with depth spans the same number of bins); the
-  nearest bin whose neighbourhood holds ``surface_fraction`` of the valid pixels is climbed to
-  its local peak, and the estimate is refined to the median of the pixels within a tolerance
-  of it. Small nearer clutter (an occluding edge, flying pixels) holds less than the fraction
+  nearest bin whose neighbourhood (+-2 bins) holds ``surface_fraction`` of the valid pixels
+  gives a first guess (the fullest bin there), refined to the median of the pixels within
+  ``surface_tol_rel`` of it. Small nearer clutter (an occluding edge, flying pixels) holds less than the fraction
   and is passed over.
 - **Box centre and size from that surface's pixels back-projected through K**, using the
   ``percentile``..``100 - percentile`` range per axis, not min/max: yolo_ros users found its
   3D boxes "unreasonably small" or wildly large from min/max of noisy, background-contaminated
-  points. For a uniformly covered surface the range is divided by the covered fraction and one
-  sample's footprint is added, so a clean fronto-parallel rectangle comes out at its true size.
+  points. For a uniformly covered surface the range is divided by the share of samples it
+  covers, so a clean fronto-parallel rectangle comes out at its true size.
 - **Points** use a small patch (``patch_px`` square, in depth pixels) with the same surface
   estimate; a plane fitted to that surface's inverse depth gives the depth at the point's
   sub-pixel position (exact on planes, e.g. a floor at a grazing angle), and the position is on
@@ -45,6 +45,7 @@ from cosmos_reason_ros.core.rgbd import CameraModel
 from cosmos_reason_ros.core.types import BadImageError, BadRequestError, Box, Point, Trajectory
 
 _NAN3 = (math.nan, math.nan, math.nan)
+_GOLDEN = (math.sqrt(5.0) - 1.0) / 2.0  # most evenly spread fractional sequence k * _GOLDEN
 
 
 @dataclass(frozen=True)
@@ -130,24 +131,33 @@ def lift_box(
     if isinstance(found, Lifted):
         return found
     surface, z_ref, n_valid = found
-    r, c = np.nonzero(surface)
-    zs = z[r, c].astype(np.float64)
-    # Back-project through K: depth pixel j's centre is colour pixel (j + 0.5) * scale.
-    ax = ((np.arange(cols.start, cols.stop, cols.step) + 0.5) * scale - 0.5 - camera.cx) / camera.fx
-    ay = ((np.arange(rows.start, rows.stop, rows.step) + 0.5) * scale - 0.5 - camera.cy) / camera.fy
-    xyz = np.stack((ax[c] * zs, ay[r] * zs, zs))
+    # Back-project through K: depth pixel j's centre is colour pixel (j + 0.5) * scale, i.e.
+    # K's pixel coordinate (j + 0.5) * scale - 0.5. Each sample stands for its footprint
+    # (stride x stride depth pixels); spreading the samples across it (a golden-ratio offset by
+    # row for x, by column for y) makes percentiles of the grid behave like those of the
+    # continuous surface, so the range divided by the share it covers is the full extent --
+    # without it, quantised percentiles are off by up to a sample on each side.
+    step = stride * scale
+    n_rows, n_cols = z.shape
+    ax = ((np.arange(cols.start, cols.stop, stride) + 0.5) * scale - 0.5 - camera.cx) / camera.fx
+    ay = ((np.arange(rows.start, rows.stop, stride) + 0.5) * scale - 0.5 - camera.cy) / camera.fy
+    jitter_rows = (np.modf(np.arange(1, n_rows + 1) * _GOLDEN)[0] - 0.5)[:, None]
+    jitter_cols = (np.modf(np.arange(1, n_cols + 1) * _GOLDEN)[0] - 0.5)[None, :]
+    slope_x = (ax[None, :] + jitter_rows * (step / camera.fx)).astype(np.float32)
+    slope_y = (ay[:, None] + jitter_cols * (step / camera.fy)).astype(np.float32)
+    zs = z[surface]
     n = zs.size
-    k_lo = int(settings.percentile / 100.0 * (n - 1))
+    xyz = np.empty((3, n), np.float32)
+    np.multiply(slope_x[surface], zs, out=xyz[0])
+    np.multiply(slope_y[surface], zs, out=xyz[1])
+    xyz[2] = zs
+    k_lo = int(settings.percentile / 100.0 * n)
     k_hi = n - 1 - k_lo
-    part = np.partition(xyz, (k_lo, k_hi), axis=1)
-    lo, hi = part[:, k_lo], part[:, k_hi]
+    xyz.partition((k_lo, k_hi), axis=1)  # in place: only the two order statistics are needed
+    lo, hi = xyz[:, k_lo].astype(np.float64), xyz[:, k_hi].astype(np.float64)
     centre = (lo + hi) / 2.0
-    covered = (k_hi - k_lo) / (n - 1) if n > 1 else 1.0
-    size = (hi - lo) / covered
-    # Sample centres span one sample less than the surface: add a sample's footprint in x, y.
-    footprint = stride * scale * float(centre[2])
-    size[0] += footprint / camera.fx
-    size[1] += footprint / camera.fy
+    # Order statistic k of n uniform samples sits at (k + 1) / (n + 1) of the range on average.
+    size = (hi - lo) * ((n + 1) / (k_hi - k_lo)) if k_hi > k_lo else hi - lo
     return Lifted(True, _xyz(centre), _xyz(size), z_ref, n_valid, n)
 
 
@@ -168,15 +178,20 @@ def lift_point(
     i = min(int(point.y / scale), height - 1)
     i0, j0 = max(i - half, 0), max(j - half, 0)
     z = depth_m[i0:i + half + 1, j0:j + half + 1]
-    found = _surface(z, settings, "point patch")
+    # The surface at the point: the one holding the point's own pixel when it has depth (on
+    # a steep plane the nearest dominant part of the patch would be off by the patch's slope).
+    found = _surface(z, settings, "point patch", anchor=float(depth_m[i, j]))
     if isinstance(found, Lifted):
         return Lifted(False, size=(0.0, 0.0, 0.0), valid_pixels=found.valid_pixels,
                       reason=found.reason)
     surface, z_ref, n_valid = found
     r, c = np.nonzero(surface)
-    z_point = _plane_depth(z[r, c], (c + j0 + 0.5) * scale - point.x,
+    zs = z[r, c]
+    z_point = _plane_depth(zs, (c + j0 + 0.5) * scale - point.x,
                            (r + i0 + 0.5) * scale - point.y)
-    if z_point is None or abs(z_point - z_ref) > _tolerance(z_ref, settings):
+    # Trust the fit only within the depths it was fitted to (plus the surface tolerance).
+    slack = _tolerance(z_ref, settings)
+    if z_point is None or not float(zs.min()) - slack <= z_point <= float(zs.max()) + slack:
         z_point = z_ref
     x, y, _ = camera.back_project(point.x, point.y, z_point)
     return Lifted(True, (float(x), float(y), z_point), (0.0, 0.0, 0.0), z_point, n_valid,
@@ -263,9 +278,13 @@ def _strided(span: tuple[int, int], stride: int) -> slice:
 
 
 def _surface(
-    z: np.ndarray, settings: LiftSettings, what: str
+    z: np.ndarray, settings: LiftSettings, what: str, anchor: float = math.nan
 ) -> tuple[np.ndarray, float, int] | Lifted:
-    """Find the nearest dominant surface in ``z``: (mask, depth, valid count) or an invalid."""
+    """Find the surface in ``z``: (mask, depth, valid count), or an invalid result.
+
+    The surface is the one around ``anchor`` when that is a valid depth, else the nearest
+    dominant one.
+    """
     n = z.size
     low = settings.min_m if settings.min_m > 0.0 else float(np.finfo(np.float32).tiny)
     with np.errstate(invalid="ignore"):
@@ -276,6 +295,8 @@ def _surface(
         return Lifted(False, valid_pixels=n_valid, reason=_no_depth(z, n_valid, need, settings,
                                                                     what))
     zv = z[valid]
+    if settings.min_m <= anchor <= settings.max_m and anchor > 0.0:
+        return _refine(z, zv, valid, anchor, settings, n_valid)
     z_min = float(zv.min())
     step = math.log1p(settings.bin_rel)
     bins = (np.log(zv * (1.0 / z_min)) * (1.0 / step)).astype(np.intp)
@@ -284,12 +305,18 @@ def _surface(
     mass = np.convolve(counts, np.ones(5, dtype=np.intp), mode="same")
     dense = np.flatnonzero(mass >= settings.surface_fraction * n_valid)
     if dense.size:
-        first = int(dense[0])
-        falling = np.flatnonzero(np.diff(mass[first:]) <= 0)  # climb to the local peak
-        peak = first + int(falling[0]) if falling.size else mass.size - 1
+        # The fullest bin in that window. (Not climbing the smoothed mass: two surfaces a few
+        # bins apart merge in it, and its peak would then lie between them.)
+        low = max(int(dense[0]) - 2, 0)
+        peak = low + int(np.argmax(counts[low:int(dense[0]) + 3]))
     else:  # depth spread thinly (e.g. a floor at a grazing angle): take the densest depth
         peak = int(np.argmax(mass))
-    z_peak = z_min * math.exp((peak + 0.5) * step)
+    return _refine(z, zv, valid, z_min * math.exp((peak + 0.5) * step), settings, n_valid)
+
+
+def _refine(z: np.ndarray, zv: np.ndarray, valid: np.ndarray, z_peak: float,
+            settings: LiftSettings, n_valid: int) -> tuple[np.ndarray, float, int]:
+    """Median of the valid depths near ``z_peak``, and the mask of pixels near that median."""
     near = zv[np.abs(zv - z_peak) <= _tolerance(z_peak, settings)]
     z_ref = _median(near) if near.size else z_peak
     with np.errstate(invalid="ignore"):
@@ -318,12 +345,14 @@ def _tolerance(depth: float, settings: LiftSettings) -> float:
 
 
 def _median(values: np.ndarray) -> float:
+    """Median of ``values``, which it reorders (callers pass a fresh copy)."""
     n = values.size
     half = n // 2
     if n % 2:
-        return float(np.partition(values, half)[half])
-    part = np.partition(values, (half - 1, half))
-    return (float(part[half - 1]) + float(part[half])) / 2.0
+        values.partition(half)
+        return float(values[half])
+    values.partition((half - 1, half))
+    return (float(values[half - 1]) + float(values[half])) / 2.0
 
 
 def _no_depth(z: np.ndarray, n_valid: int, need: int, settings: LiftSettings, what: str) -> str:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import logging
 import math
 import time
 import uuid
@@ -29,8 +30,10 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 
 from cosmos_reason_ros.core import imaging, query
+from cosmos_reason_ros.core.answer3d import Answer3D, DepthLifter, DepthSettings, LiftCode
 from cosmos_reason_ros.core.frames import FrameHistory, StoredFrame
 from cosmos_reason_ros.core.imaging import ImageMessage
+from cosmos_reason_ros.core.lifting import LiftSettings
 from cosmos_reason_ros.core.models import ModelProfile
 from cosmos_reason_ros.core.prefill import PrefillPolicy
 from cosmos_reason_ros.core.types import (
@@ -48,6 +51,7 @@ from cosmos_reason_ros.core.types import (
 )
 
 P = TypeVar("P")  # a stored frame's payload (e.g. serialized bytes)
+_LOG = logging.getLogger(__name__)
 
 CANCEL_GRACE_S = 5.0  # how long a stopped request may take to end in the engine
 POLL_S = 0.05  # cancel/timeout are re-checked at least this often
@@ -118,9 +122,13 @@ class Settings:
     clip_fps: float = 4.0
     max_clip_duration_s: float = 30.0
     max_clip_frames: int = 64
+    # A clip whose history gives fewer frames per second than this fails (NO_IMAGE); 0: never,
+    # the result's clip_fps reports the rate instead (image.clip_min_fps, when declared).
+    clip_min_fps: float = 0.0
     decode_max_pixels: int = imaging.DEFAULT_MAX_PIXELS
     feedback_rate_hz: float = 10.0
     ready_frame_within_s: float = 0.0
+    depth: DepthSettings | None = None  # None: depth input off
 
     @classmethod
     def from_params(cls, p: Mapping[str, Any], profile: ModelProfile) -> Settings:
@@ -138,9 +146,15 @@ class Settings:
             wait_s=p["image.wait_s"], clip_duration_s=p["image.clip_duration_s"],
             clip_fps=p["image.clip_fps"], max_clip_duration_s=p["limits.max_clip_duration_s"],
             max_clip_frames=p["limits.max_clip_frames"],
+            clip_min_fps=p.get("image.clip_min_fps", 0.0),
             decode_max_pixels=p["image.max_pixels"],
             feedback_rate_hz=p["limits.feedback_rate_hz"],
-            ready_frame_within_s=p["prefill.ready_frame_within_s"])
+            ready_frame_within_s=p["prefill.ready_frame_within_s"],
+            depth=DepthSettings(
+                scale=p["depth.scale"] or None, max_skew_s=p["depth.max_skew_s"],
+                registered_frame_id=p["depth.registered_frame_id"],
+                lift=LiftSettings(min_m=p["depth.min_m"], max_m=p["depth.max_m"]))
+            if p["depth.enabled"] else None)
 
 
 @dataclass(frozen=True)
@@ -167,6 +181,9 @@ class Media:
     header_stamp_ns: int  # the (newest) image's own header stamp, for the result header
     # Full-resolution RGB of the (newest) frame, converted only if someone draws on it.
     original_rgb: Callable[[], np.ndarray]
+    # A clip's effective rate: its frames per second of the duration asked (below the goal's
+    # clip_fps when the history held fewer frames); 0 for a single image.
+    clip_fps: float = 0.0
 
     @property
     def clip_start_ns(self) -> int | None:
@@ -181,6 +198,7 @@ class GoalRun:
     media: Media | None = None
     request: ChatRequest | None = None
     outcome: ReasonOutcome | None = None
+    answer3d: Answer3D | None = None  # with depth on: the outcome's items in 3D
     error: CosmosReasonError | None = None
     preprocess_s: float = 0.0
     time_to_first_token_s: float = 0.0
@@ -192,11 +210,15 @@ class GoalPipeline(Generic[P]):
 
     def __init__(self, settings: Settings, runner: Any, history: FrameHistory[P],
                  read_frame: Callable[[P], ImageMessage], clock_ns: Callable[[], int],
-                 prefill: PrefillPolicy | None = None, source_name: str = "the camera") -> None:
+                 prefill: PrefillPolicy | None = None, source_name: str = "the camera",
+                 lifter: DepthLifter[Any] | None = None,
+                 to_target_frame: Callable[[Answer3D, int], Answer3D] | None = None) -> None:
         """``runner``: an ``engines.runner.EngineRunner`` (``submit``/``health``).
 
         ``clock_ns`` is the clock frame ages are measured on (the node clock: sim time under
-        replay); ``source_name`` names the camera in error messages.
+        replay); ``source_name`` names the camera in error messages; ``lifter`` lifts answers
+        to 3D when depth input is on, and ``to_target_frame(answer, stamp_ns)`` moves them to
+        another frame (the node's tf2 lookup at the image stamp).
         """
         self.settings = settings
         self.runner = runner
@@ -205,6 +227,8 @@ class GoalPipeline(Generic[P]):
         self.clock_ns = clock_ns
         self.prefill = prefill
         self.source_name = source_name
+        self.lifter = lifter
+        self.to_target_frame = to_target_frame
 
     # --- 1. validation -----------------------------------------------------------------
 
@@ -283,6 +307,22 @@ class GoalPipeline(Generic[P]):
                                f"{len(self.history)} (camera: {self.source_name})")
         # "The last N seconds" means before now: a camera that stopped gives no clip.
         self._check_age(frames[-1], goal.max_age_s, "the clip's newest frame")
+        # The history keeps what the camera subscription received: a camera slower than
+        # clip_fps, or frames dropped on the way (best-effort QoS with a shallow queue lost 3
+        # of 4 frames at 10 Hz 640x480 in issue 24), gives a thinner clip than asked.
+        wanted = max(1, round(goal.clip_duration_s * goal.clip_fps))
+        allowed = min(wanted, s.max_clip_frames)
+        fps = len(frames) / goal.clip_duration_s
+        if s.clip_min_fps > 0 and fps < s.clip_min_fps:
+            raise NoImageError(
+                f"the clip holds {len(frames)} frames in {goal.clip_duration_s:g} s ({fps:.2f} "
+                f"fps) < image.clip_min_fps={s.clip_min_fps:g} (clip_fps={goal.clip_fps:g}; "
+                f"camera: {self.source_name} delivers too few frames, see RELIABILITY.md, "
+                f"camera QoS)")
+        if len(frames) < allowed:
+            _LOG.warning("thin clip: frames=%d wanted=%d duration_s=%g clip_fps=%g "
+                         "effective_fps=%.2f camera=%s", len(frames), allowed,
+                         goal.clip_duration_s, goal.clip_fps, fps, self.source_name)
         return frames
 
     def _ready_frame(self, newest: StoredFrame[P]) -> StoredFrame[P]:
@@ -330,15 +370,24 @@ class GoalPipeline(Generic[P]):
         return Media(prepared, [stamp], image.frame_id, image.stamp_ns,
                      lambda: imaging.message_to_rgb(image, max_px))
 
-    def prepare_clip(self, frames: list[StoredFrame[P]], fps: float) -> Media:
-        """Decode a clip's frames and resize them within the video budget."""
+    def prepare_clip(self, frames: list[StoredFrame[P]], fps: float,
+                     duration_s: float = 0.0) -> Media:
+        """Decode a clip's frames and resize them within the video budget.
+
+        ``fps`` is the rate asked (the model's time axis uses the frames' own stamps); the
+        media's ``clip_fps`` is the rate obtained, ``len(frames) / duration_s`` (without a
+        duration: over the frames' own span).
+        """
         s = self.settings
         images = [self.read_frame(f.payload) for f in frames]
         rgbs = [imaging.message_to_rgb(m, s.decode_max_pixels) for m in images]
         stamps = [f.stamp_ns for f in frames]
         prepared = query.prepare_clip(s.profile, rgbs, stamps, fps, s.limits)
+        span_s = (stamps[-1] - stamps[0]) / 1e9 if len(stamps) > 1 else 0.0
+        effective = len(frames) / duration_s if duration_s > 0 else (
+            (len(frames) - 1) / span_s if span_s > 0 else float(fps))
         return Media(prepared, stamps, images[-1].frame_id, images[-1].stamp_ns,
-                     lambda: rgbs[-1])
+                     lambda: rgbs[-1], clip_fps=effective)
 
     def media_for(self, goal: ValidGoal, accepted_ns: int, deadline: float,
                   should_stop: Callable[[], Stop | None] = lambda: None,
@@ -353,7 +402,7 @@ class GoalPipeline(Generic[P]):
         frames = self.choose_frames(goal, accepted_ns, deadline, should_stop)
         on_stage(Stage.PREPROCESSING)
         if goal.source is Source.CLIP:
-            return self.prepare_clip(frames, goal.clip_fps)
+            return self.prepare_clip(frames, goal.clip_fps, goal.clip_duration_s)
         return self.prepare_frame(frames[0])
 
     # --- 3. request ----------------------------------------------------------------------
@@ -394,9 +443,25 @@ class GoalPipeline(Generic[P]):
                     self.prefill.goal_frame(newest)
             run.request = self.build_request(goal, run.media, priority)
             self._generate(run, goal, deadline, t_start, should_stop, on_stage, on_progress)
+            run.answer3d = self.lift(goal, run.media, run.outcome)
         except CosmosReasonError as e:
             run.error = e
         return run
+
+    def lift(self, goal: ValidGoal, media: Media, outcome: ReasonOutcome | None
+             ) -> Answer3D | None:
+        """Lift the outcome's items to 3D when depth is on (None when off)."""
+        if self.lifter is None or outcome is None:
+            return None
+        if goal.source is Source.GOAL_IMAGE:
+            return Answer3D(LiftCode.OFF, "the goal's own image has no depth", media.frame_id)
+        geometry = media.prepared.geometry
+        answer = self.lifter.lift(outcome, media.stamps_ns[-1],
+                                  (geometry.original_width, geometry.original_height),
+                                  media.frame_id)
+        if self.to_target_frame is not None:
+            answer = self.to_target_frame(answer, media.stamps_ns[-1])
+        return answer
 
     def _generate(self, run: GoalRun, goal: ValidGoal, deadline: float, t_start: float,
                   should_stop: Callable[[], Stop | None], on_stage: Callable[[Stage], None],

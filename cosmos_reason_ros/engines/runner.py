@@ -13,6 +13,7 @@ import asyncio
 import collections
 import concurrent.futures
 import logging
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -29,6 +30,7 @@ from cosmos_reason_ros.core.types import (
 from cosmos_reason_ros.engines.base import Engine, EngineHealth, EngineState
 
 _LOG = logging.getLogger(__name__)
+_START_WAIT_SLICE_S = 0.1  # a signal waits at most this long for the main thread's handler
 
 
 def _merge(older: Chunk, newer: Chunk) -> Chunk:
@@ -45,6 +47,25 @@ def _merge(older: Chunk, newer: Chunk) -> Chunk:
                               else older.cached_prompt_tokens),
         elapsed_s=newer.elapsed_s,
     )
+
+
+def _wait_in_slices(future: concurrent.futures.Future[object], timeout_s: float | None) -> None:
+    """``future.result(timeout_s)`` in short waits, so the main thread handles signals meanwhile.
+
+    A signal may be delivered to any thread of the process (DDS threads included) while Python
+    runs its handler only in the main thread: one long wait there would hold the handler (and
+    a Ctrl-C during an engine start) back until the wait ends.
+    """
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    while True:
+        remaining = None if deadline is None else deadline - time.monotonic()
+        try:
+            future.result(_START_WAIT_SLICE_S if remaining is None
+                          else max(0.0, min(_START_WAIT_SLICE_S, remaining)))
+            return
+        except concurrent.futures.TimeoutError:
+            if remaining is not None and remaining <= _START_WAIT_SLICE_S:
+                raise
 
 
 def as_package_error(exc: BaseException) -> CosmosReasonError:
@@ -293,7 +314,7 @@ class EngineRunner:
         self._last_health = EngineHealth(EngineState.STARTING, self.model_name)
         future = asyncio.run_coroutine_threadsafe(self._engine.start(), self._loop)
         try:
-            future.result(timeout_s)
+            _wait_in_slices(future, timeout_s)
         except concurrent.futures.TimeoutError as exc:
             future.cancel()
             self._last_health = EngineHealth(EngineState.UNAVAILABLE, self.model_name,
@@ -320,6 +341,12 @@ class EngineRunner:
     def _run_loop(self) -> None:
         loop = self._loop
         assert loop is not None
+        # SIGINT is for the thread that owns the runner. A terminal's Ctrl-C reaches its whole
+        # process group; the processes the engine starts from here (vLLM's engine core and
+        # workers) inherit this mask, so they leave the stop to their owner, which stops them
+        # in order, instead of each printing a KeyboardInterrupt traceback.
+        if hasattr(signal, "pthread_sigmask"):
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         asyncio.set_event_loop(loop)
         try:
             loop.run_forever()

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from cosmos_reason_ros.core.models import looks_like_local_path, missing_path_hint
+from cosmos_reason_ros.core.prompts import DEFAULT_TASK
+from cosmos_reason_ros.core.tasks import find_spec
 from cosmos_reason_ros.engines.factory import ENGINE_KINDS
 
 # The key of every preset: applies to the node under any namespace and node name. ROS 2
@@ -206,6 +208,27 @@ PARAMS: tuple[Param, ...] = (
           _range(0.1, 600)),
     Param("image.clip_fps", 4.0, "Default clip sampling rate (the models' training rate).",
           _range(0.1, 60)),
+    # --- depth.* (3D lifting) --------------------------------------------------------------
+    Param("depth.enabled", False, "Lift boxes, points and trajectories to 3D with a depth image "
+          "registered to the colour image (depth/image) and the colour CameraInfo "
+          "(camera_info)."),
+    Param("depth.scale", 0.0, "Metres per depth unit (0 = the encoding's own: 16UC1 mm, "
+          "32FC1 m).", _range(0.0, 1000.0)),
+    Param("depth.min_m", 0.1, "Nearer depth is invalid.", _range(0.0, 1000.0)),
+    Param("depth.max_m", 10.0, "Farther depth is invalid.", _range(0.0, 1000.0, low_open=True)),
+    Param("depth.max_skew_s", 0.05, "Largest stamp difference between the colour frame and "
+          "the depth frame used.", _range(0.0, 10.0)),
+    Param("depth.history_frames", 30, "Depth frames kept to match colour stamps.",
+          _range(1, 1000)),
+    Param("depth.registered_frame_id", "", "A depth frame_id accepted as registered to the "
+          "colour image besides the colour frame_id itself."),
+    Param("depth.rectified", False, "The colour topic is rectified (image_rect*): "
+          "intrinsics from CameraInfo.p, distortion ignored (else k; non-zero distortion is "
+          "warned about once)."),
+    Param("depth.target_frame", "", "Frame for 3D positions via tf2_ros at the image stamp "
+          "(empty = the camera's optical frame)."),
+    Param("depth.tf_timeout_s", 0.1, "Longest wait for the target_frame transform.",
+          _range(0.0, 10.0)),
     # --- limits.* ------------------------------------------------------------------------
     Param("limits.max_concurrent_goals", 8, "Goals generating at once.", _range(1, 256)),
     Param("limits.max_queued_goals", 16, "Goals waiting for a slot; beyond this, OVERLOADED.",
@@ -327,9 +350,13 @@ def validate(values: Mapping[str, Any]) -> dict[str, Any]:
             problems.append(problem)
     if not problems and result["engine.kind"] == "openai" and not result["engine.endpoints"]:
         problems.append("engine.endpoints=[]: the openai engine needs at least one URL")
+    periodic_task = find_spec(result["periodic.task"] or DEFAULT_TASK.value)
     if not problems and result["periodic.enabled"] and not result["periodic.prompt"].strip() \
-            and result["periodic.task"] in ("", "vqa", "verify", "trajectory"):
+            and periodic_task is not None and periodic_task.needs_prompt:
         problems.append("periodic.prompt='': periodic.enabled needs a prompt for this task")
+    if not problems and result["depth.max_m"] <= result["depth.min_m"]:
+        problems.append(f"depth.max_m={result['depth.max_m']!r}: must be greater than "
+                        f"depth.min_m={result['depth.min_m']!r}")
     if problems:
         raise ConfigError("invalid parameters: " + "; ".join(problems))
     return result

@@ -110,3 +110,42 @@ def to_detection_array(result_msg: ReasoningResult, vision_msgs_module: Any) -> 
         detections.append(detection)
     array.detections = detections
     return array
+
+
+def header_3d(result_msg: ReasoningResult) -> Any:
+    """Return the header of 3D outputs: the source image stamp, the 3D positions' frame."""
+    header = source_header(result_msg.header)
+    header.frame_id = result_msg.frame_3d or header.frame_id
+    return header
+
+
+def to_detection3d_array(result_msg: ReasoningResult, vision_msgs_module: Any) -> Any:
+    """Build a ``Detection3DArray``: one ``Detection3D`` per lifted, non-degenerate box.
+
+    Same rules as :func:`to_detection_array` (ids, scores, degenerate boxes out); boxes
+    without a valid 3D position are left out too. ``bbox`` centre and size are in metres in
+    ``frame_3d`` (axis-aligned with that frame, identity orientation).
+    """
+    vm = vision_msgs_module
+    array = vm.Detection3DArray()
+    array.header = header_3d(result_msg)
+    detections = []
+    for index, box in enumerate(result_msg.boxes):
+        position = box.position_3d
+        if not is_detection(box) or not position.valid:
+            continue
+        detection = vm.Detection3D()
+        detection.header = header_3d(result_msg)
+        detection.bbox.center.position = position.position
+        detection.bbox.center.orientation.w = 1.0
+        detection.bbox.size = position.size
+        hypothesis = vm.ObjectHypothesisWithPose()
+        hypothesis.hypothesis.class_id = box.label
+        hypothesis.hypothesis.score = detection_score(box)
+        hypothesis.pose.pose.position = position.position
+        hypothesis.pose.pose.orientation.w = 1.0
+        detection.results = [hypothesis]
+        detection.id = detection_id(result_msg, index)
+        detections.append(detection)
+    array.detections = detections
+    return array

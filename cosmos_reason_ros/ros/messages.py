@@ -7,17 +7,22 @@ from collections.abc import Sequence
 from typing import Any
 
 from builtin_interfaces.msg import Time
+from geometry_msgs.msg import Point as GeoPoint
+from geometry_msgs.msg import Vector3
 from sensor_msgs.msg import Image
 from std_msgs.msg import Header
 
 from cosmos_reason_interfaces.msg import (
     Box2D,
     Point2D,
+    Position3D,
     ReasoningResult,
     TemporalSpan,
     Trajectory2D,
 )
+from cosmos_reason_ros.core.answer3d import Answer3D, LiftCode
 from cosmos_reason_ros.core.imaging import ImageMessage, rgb_to_image_fields
+from cosmos_reason_ros.core.lifting import Lifted
 from cosmos_reason_ros.core.pipeline import GoalFields, GoalRun
 from cosmos_reason_ros.core.types import (
     CosmosReasonError,
@@ -122,8 +127,36 @@ def fill_run(msg: ReasoningResult, run: GoalRun) -> None:
     msg.header = Header(stamp=ns_to_stamp(run.media.header_stamp_ns),
                         frame_id=run.media.frame_id)
     msg.frame_stamps = stamps(run.media.stamps_ns)
+    msg.clip_fps = run.media.clip_fps
     if run.outcome is not None:
         fill_outcome(msg, run.outcome, run.media.prepared.geometry, run.media.clip_start_ns)
+    if run.answer3d is not None:
+        fill_3d(msg, run.answer3d)
+
+
+def _position(item: Lifted) -> Position3D:
+    x, y, z = item.position
+    sx, sy, sz = item.size
+    return Position3D(valid=item.valid, position=GeoPoint(x=x, y=y, z=z),
+                      size=Vector3(x=sx, y=sy, z=sz), depth_pixels=item.used_pixels,
+                      status=item.reason)
+
+
+def fill_3d(msg: ReasoningResult, answer: Answer3D) -> None:
+    """Copy an answer's 3D positions onto its boxes, points and trajectory waypoints."""
+    msg.lift_code = int(answer.code)
+    msg.lift_message = answer.message
+    msg.frame_3d = answer.frame_id
+    msg.depth_stamp = ns_to_stamp(answer.depth_stamp_ns)
+    if answer.code not in (LiftCode.OK, LiftCode.TF_FAILED):
+        return
+    for box, lifted in zip(msg.boxes, answer.boxes, strict=True):
+        box.position_3d = _position(lifted)
+    for point, lifted in zip(msg.points, answer.points, strict=True):
+        point.position_3d = _position(lifted)
+    for trajectory, waypoints in zip(msg.trajectories, answer.trajectories, strict=True):
+        for point, lifted in zip(trajectory.points, waypoints, strict=True):
+            point.position_3d = _position(lifted)
 
 
 def _image_message(image: Image) -> ImageMessage:

@@ -13,6 +13,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 import rclpy
@@ -28,12 +29,11 @@ from rclpy.executors import (
 from rclpy.node import Node
 from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
 from rclpy.signals import SignalHandlerOptions
-from sensor_msgs.msg import CompressedImage, Image
 
 from cosmos_reason_interfaces.action import Reason
 from cosmos_reason_interfaces.msg import ReasoningResult
 from cosmos_reason_ros.core.admission import GoalSlots
-from cosmos_reason_ros.core.frames import FrameHistory
+from cosmos_reason_ros.core.answer3d import DepthLifter
 from cosmos_reason_ros.core.models import ModelProfile, detect_profile
 from cosmos_reason_ros.core.pipeline import GoalPipeline, Settings, Stage, Stop
 from cosmos_reason_ros.core.prefill import PrefillPolicy
@@ -50,7 +50,8 @@ from cosmos_reason_ros.core.types import (
 from cosmos_reason_ros.engines.base import Engine
 from cosmos_reason_ros.engines.factory import create_engine
 from cosmos_reason_ros.engines.runner import EngineRunner
-from cosmos_reason_ros.ros import cdr, diagnostics, messages
+from cosmos_reason_ros.ros import cdr, diagnostics, messages, process_life
+from cosmos_reason_ros.ros.camera import Camera
 from cosmos_reason_ros.ros.config import (
     ConfigError,
     declare_and_load,
@@ -59,6 +60,7 @@ from cosmos_reason_ros.ros.config import (
 )
 from cosmos_reason_ros.ros.gcwatch import GcPauses, freeze_heap
 from cosmos_reason_ros.ros.outputs import Outputs
+from cosmos_reason_ros.ros.target_frame import TargetFrame
 from cosmos_reason_ros.ros.workers import PeriodicRuns, PrefillWorker
 
 NODE_NAME = "cosmos_reason"
@@ -83,10 +85,6 @@ class ReasonNode(Node):
                 else p["model.family"])
         except CosmosReasonError as e:
             raise ConfigError(f"model.family/engine.model: {e.message}") from e
-        # Frames stay serialized, (compressed, bytes), until a goal needs one.
-        self.history: FrameHistory[tuple[bool, bytes]] = FrameHistory(
-            max_frames=p["image.history_frames"],
-            max_bytes=int(p["image.history_mb"] * 1024 * 1024), clock=self.now_ns)
         self.slots = GoalSlots(p["limits.max_concurrent_goals"], p["limits.max_queued_goals"])
         if engine is None:
             try:
@@ -99,25 +97,8 @@ class ReasonNode(Node):
         self.counters = {"succeeded": 0, "aborted": 0, "canceled": 0, "rejected": 0}
         self._action_server: ActionServer | None = None
         self.latencies: collections.deque[tuple[float, float]] = collections.deque(maxlen=500)
-        self.last_frame_monotonic: float | None = None
         self.prefill = PrefillPolicy(skip_while_busy=p["prefill.skip_while_busy"])
         self.gc_pauses = GcPauses().install()
-        self.pipeline = GoalPipeline(Settings.from_params(p, self.profile), self.runner,
-                                     self.history, cdr.read_stored_frame, self.now_ns, self.prefill)
-        self.periodic = PeriodicRuns(self)
-        self.prefill_worker = PrefillWorker(self, busy=lambda: bool(
-            self.slots.running or self.slots.queued or self.periodic.busy.is_set()))
-        self._prefill_wake = self.prefill_worker.wake
-        self.outputs = Outputs(self)
-        self.diagnostics_pub = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
-        self._subscribe_camera()
-
-    def _subscribe_camera(self) -> None:
-        p = self.params
-        camera_qos = QoSProfile(
-            history=HistoryPolicy.KEEP_LAST, depth=p["image.qos_depth"],
-            reliability=ReliabilityPolicy.BEST_EFFORT
-            if p["image.qos_reliability"] == "best_effort" else ReliabilityPolicy.RELIABLE)
         # Frames are taken on a node and executor of their own (same process and DDS
         # participant, names resolved with this node's remaps). On the goal executor, camera
         # traffic held back ~5% of goal requests by 0.1-3 s (docs/PERFORMANCE.md, "Action
@@ -127,19 +108,27 @@ class ReasonNode(Node):
             use_global_arguments=False, start_parameter_services=False)
         self._ingest_executor = SingleThreadedExecutor(context=self.context)
         self._ingest_executor.add_node(self._ingest_node)
-        # raw=True: the callback receives the serialized bytes, so ingest costs a stamp read
-        # instead of a full deserialization of every 6 MB frame at 30 Hz.
-        self._camera_subscriptions = []
-        if p["image.input"] in ("raw", "both"):
-            self._camera_subscriptions.append(self._ingest_node.create_subscription(
-                Image, self.resolve_topic_name("image"), lambda d: self._store(d, False),
-                camera_qos, raw=True))
-        if p["image.input"] in ("compressed", "both"):
-            self._camera_subscriptions.append(self._ingest_node.create_subscription(
-                CompressedImage, self.resolve_topic_name("image/compressed"),
-                lambda d: self._store(d, True), camera_qos, raw=True))
-        self.pipeline.source_name = ", ".join(
-            s.topic_name for s in self._camera_subscriptions) or "(no camera subscription)"
+        self.camera = Camera(self, self._ingest_node, p, self.now_ns, self._on_frame)
+        self.history = self.camera.history
+        lifter = None if self.camera.depth_history is None else DepthLifter(
+            Settings.from_params(p, self.profile).depth, self.camera.depth_history,
+            cdr.read_stored_frame, self.camera.camera_model)
+        target_frame = TargetFrame(self, p["depth.target_frame"], p["depth.tf_timeout_s"])
+        self.pipeline = GoalPipeline(Settings.from_params(p, self.profile), self.runner,
+                                     self.history, cdr.read_stored_frame, self.now_ns,
+                                     self.prefill, self.camera.topics, lifter,
+                                     target_frame.apply)
+        self.periodic = PeriodicRuns(self)
+        self.prefill_worker = PrefillWorker(self, busy=lambda: bool(
+            self.slots.running or self.slots.queued or self.periodic.busy.is_set()))
+        self._prefill_wake = self.prefill_worker.wake
+        self.outputs = Outputs(self)
+        self.diagnostics_pub = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
+
+    @property
+    def last_frame_monotonic(self) -> float | None:
+        """When the newest colour frame arrived (monotonic), or None."""
+        return self.camera.last_frame_monotonic
 
     # --- lifecycle -----------------------------------------------------------------------
 
@@ -214,21 +203,56 @@ class ReasonNode(Node):
             self.get_logger().info(f"{param.name} set to {param.value}")
         return SetParametersResult(successful=True)
 
-    def close(self) -> None:
-        """Stop taking goals, end running ones, and shut the engine down."""
+    def close(self, spin: Callable[[float], object] | None = None) -> None:
+        """Stop taking goals, end the accepted ones with their results, shut the engine down.
+
+        Every accepted goal (running, queued, or not begun) ends ABORTED with
+        ENGINE_UNAVAILABLE ("node shutting down ...") while the action server still exists, so
+        its result reaches the client and ``~/results``. ``spin(timeout_s)`` runs the node's
+        executor meanwhile (``main``); without it another thread must be spinning it. Bounded:
+        goals get ``SHUTDOWN_GOALS_S``, then the engine is closed under those left.
+        """
         if self._stopping.is_set():
             return
         self._stopping.set()
         self._prefill_wake.set()
+        self.history.close()  # goals waiting for a frame see the stop at once
+        wait = spin if spin is not None else time.sleep
+        in_flight = self.slots.running + self.slots.queued
+
+        def goals_ended(limit_s: float) -> bool:
+            deadline = time.monotonic() + limit_s
+            while self.slots.running or self.slots.queued:
+                if time.monotonic() >= deadline:
+                    return False
+                wait(0.05)
+            if in_flight or spin is not None:
+                # Serve what is still in flight a moment longer: get-result requests and the
+                # result responses they wait for, ~/results deliveries.
+                end = time.monotonic() + SHUTDOWN_RESULTS_LINGER_S
+                while time.monotonic() < end:
+                    wait(0.05)
+            return True
+
+        ended = goals_ended(SHUTDOWN_GOALS_S)
+        if not ended:
+            self.get_logger().warning(
+                f"{self.slots.running + self.slots.queued} goal(s) still running "
+                f"{SHUTDOWN_GOALS_S:g} s after the stop: closing the engine under them")
+        self.runner.close()  # what still runs in the engine ends ENGINE_UNAVAILABLE
+        if not ended:
+            goals_ended(SHUTDOWN_GOALS_AFTER_ENGINE_S)
         self.gc_pauses.uninstall()
         self._ingest_executor.shutdown(timeout_sec=1.0)
-        self.history.close()
-        self.runner.close()
         if self._action_server is not None:
             self._action_server.destroy()
 
     def destroy_node(self) -> None:
-        """Destroy the camera ingest node too (absent when a bad parameter stopped __init__)."""
+        """Destroy the camera ingest node too (absent when a bad parameter stopped __init__).
+
+        Does not close the node: rclpy's context shutdown destroys its nodes, and must not
+        wait for an engine (``main`` closes the node first, or abandons an interrupted start).
+        """
         if hasattr(self, "_ingest_node"):
             self._ingest_executor.shutdown(timeout_sec=1.0)
             self._ingest_node.destroy_node()
@@ -242,11 +266,7 @@ class ReasonNode(Node):
         """Return the node clock (sim time under replay) in nanoseconds."""
         return self.get_clock().now().nanoseconds
 
-    def _store(self, data: bytes, compressed: bool) -> None:
-        # Header stamp read in place; a zero stamp falls back to the receipt time.
-        stamp = cdr.header_stamp_ns(data) or self.now_ns()
-        self.history.append((compressed, data), stamp, nbytes=len(data))
-        self.last_frame_monotonic = time.monotonic()
+    def _on_frame(self) -> None:
         if self.params["prefill.enabled"]:
             self.prefill_worker.wake.set()
 
@@ -369,44 +389,86 @@ def _interrupted(stop: Stop | None, where: str) -> CosmosReasonError:
     return DeadlineExceededError(f"goal timed out {where}")
 
 
+# Shutdown bounds (docs/RELIABILITY.md, "Shutdown and signals"): goals stopped by the node end
+# within milliseconds while the engine runs; these bound a stuck one.
+SHUTDOWN_GOALS_S = 3.0  # accepted goals end (with their results) before the engine closes
+SHUTDOWN_GOALS_AFTER_ENGINE_S = 1.0  # goals ended by closing the engine under them
+SHUTDOWN_RESULTS_LINGER_S = 0.5  # result requests still in flight are served this long
+
+# vLLM starts its engine processes with 'spawn': they import this module as __mp_main__, and
+# there this makes them die with the node, even a SIGKILLed one (process_life.py).
+process_life.guard_spawned_child()
+
+
 def main(args: list[str] | None = None) -> NoReturn:
-    """Run the node until SIGINT/SIGTERM; exit 2 on a configuration error, 1 on engine failure."""
+    """Run the node until SIGINT/SIGTERM; exit 2 on a configuration error, 1 on engine failure.
+
+    A stop signal during start-up ends the engine start at once (its processes are killed)
+    and exits 0 with one log line. Once serving, every accepted goal ends with an aborted
+    result before the action server goes (``ReasonNode.close``). No process started by the
+    node outlives it, however it ends (``process_life``).
+    """
     rclpy.init(args=args, signal_handler_options=SignalHandlerOptions.NO)
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+    signals = process_life.StopSignals()
+    process_life.own_spawned_processes()
+    logger = rclpy.logging.get_logger(NODE_NAME)
     node: ReasonNode | None = None
     executor: MultiThreadedExecutor | None = None
     code = 0
     try:
-        node = ReasonNode()
-        node.start()
-        executor = MultiThreadedExecutor(num_threads=node.executor_threads())
-        executor.add_node(node)
-        while rclpy.ok() and not stop.is_set():
+        try:
+            node = ReasonNode()
+            node.start()
+            executor = MultiThreadedExecutor(num_threads=node.executor_threads())
+            executor.add_node(node)
+        finally:
+            signals.started()  # from here on a signal only sets signals.stop
+        while rclpy.ok() and not signals.stop.is_set():
             executor.spin_once(timeout_sec=0.2)
+    except process_life.StartupInterrupted as e:
+        # The engine may be half built on its loop thread: its processes are killed rather
+        # than shut down (that would wait for the start to finish first).
+        ended = process_life.end_interrupted_start()
+        logger.info(f"interrupted during start-up by {e.signal_name}: engine start stopped "
+                    f"({len(ended)} process(es) ended), exiting")
+        rclpy.try_shutdown()
+        _exit_now(0)
     except ConfigError as e:
-        rclpy.logging.get_logger(NODE_NAME).fatal(str(e))
+        logger.fatal(str(e))
         code = 2
     except CosmosReasonError as e:
-        rclpy.logging.get_logger(NODE_NAME).fatal(f"engine failed to start: {e.message}")
+        logger.fatal(f"engine failed to start: {e.message}")
         code = 1
     except (KeyboardInterrupt, ExternalShutdownException):
         pass
     finally:
+        t_stop = time.monotonic()
+        if node is not None and signals.signum is not None:
+            logger.info(f"{signal.Signals(signals.signum).name} received: stopping "
+                        f"(goals_running={node.slots.running} "
+                        f"goals_queued={node.slots.queued})")
+        # Segments the engine's processes hold now; released below if its shutdown leaves
+        # them (its core may be killed before it unlinks them).
+        segments = process_life.shared_memory_below()
         if node is not None:
-            node.close()
+            node.close(spin=None if executor is None
+                       else lambda t: executor.spin_once(timeout_sec=t))
         if executor is not None:
-            # Let goal threads deliver their (aborted) results before the context goes.
-            deadline = time.monotonic() + 3.0
-            while node is not None and node.slots.running and time.monotonic() < deadline:
-                executor.spin_once(timeout_sec=0.05)
             executor.shutdown(timeout_sec=2.0)
         if node is not None:
             node.destroy_node()
         rclpy.try_shutdown()
+        left = process_life.end_descendants()
+        if left:
+            logger.warning(f"ended {len(left)} process(es) the engine left running: "
+                           f"{', '.join(left)}")
+        process_life.release_shared_memory(segments)
     if code == 0 and node is not None:
-        rclpy.logging.get_logger(NODE_NAME).info("shut down cleanly")
+        logger.info(f"shut down cleanly in {time.monotonic() - t_stop:.1f} s")
+    _exit_now(code)
+
+
+def _exit_now(code: int) -> NoReturn:
     # Everything is closed by now. The interpreter's own teardown of torch and vLLM modules
     # took 6-15 s on a loaded machine, long enough for launch to escalate to SIGKILL, so the
     # process ends here once its output is flushed.

@@ -302,7 +302,7 @@ def test_50_goals_cancelled_at_once_all_end_canceled_and_every_request_is_aborte
     n.wait_frames(1)
     handles = [n.send(prompt=f"long {i}") for i in range(50)]
     assert all(h.accepted for h in handles)
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60  # generous: a loaded machine admits 50 goals slowly
     while len(n.engine.running) < 50:
         assert time.monotonic() < deadline, f"{len(n.engine.running)} of 50 generating"
         time.sleep(0.01)

@@ -1,0 +1,117 @@
+"""Lift a goal's whole answer to 3D: the matching depth frame, checks, then every item.
+
+For each goal the depth frame nearest to the colour frame's stamp within ``max_skew_s`` is
+used; its registration to the colour image is checked (size, frame_id, CameraInfo); then
+boxes, points and trajectory waypoints are lifted (``core/lifting.py``). Any problem ends in a
+:class:`Answer3D` with a specific :class:`LiftCode` and message: the 2D answer always stands.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from cosmos_reason_ros.core.frames import FrameHistory
+from cosmos_reason_ros.core.imaging import ImageMessage
+from cosmos_reason_ros.core.lifting import (
+    DEFAULT_SETTINGS,
+    Lifted,
+    LiftSettings,
+    lift_box,
+    lift_point,
+    lift_trajectory,
+)
+from cosmos_reason_ros.core.rgbd import CameraModel, check_registration, depth_to_metres
+from cosmos_reason_ros.core.types import CosmosReasonError, ReasonOutcome
+
+P = TypeVar("P")
+_NS = 1_000_000_000
+
+
+class LiftCode(enum.IntEnum):
+    """How lifting went for a whole result (``ReasoningResult.LIFT_*``)."""
+
+    OFF = 0  # depth input off, or nothing to lift
+    OK = 1  # lifted; each item says whether it has a position
+    NO_DEPTH = 2  # no depth frame near the colour frame, or no CameraInfo yet
+    BAD_DEPTH = 3  # depth not registered to the colour image, or unreadable
+    TF_FAILED = 4  # positions stay in the camera frame: the target_frame lookup failed
+
+
+@dataclass(frozen=True)
+class DepthSettings:
+    """The node's ``depth.*`` parameters."""
+
+    scale: float | None = None  # metres per depth unit; None: the encoding's own unit
+    max_skew_s: float = 0.05
+    registered_frame_id: str = ""
+    lift: LiftSettings = DEFAULT_SETTINGS
+
+
+@dataclass(frozen=True)
+class Answer3D:
+    """An answer's items in 3D (camera optical frame), aligned with the outcome's items."""
+
+    code: LiftCode
+    message: str = ""
+    frame_id: str = ""
+    depth_stamp_ns: int = 0
+    boxes: tuple[Lifted, ...] = ()
+    points: tuple[Lifted, ...] = ()
+    trajectories: tuple[tuple[Lifted, ...], ...] = ()
+
+
+_DEGENERATE = Lifted(False, reason="degenerate box (zero width or height): not lifted")
+
+
+class DepthLifter(Generic[P]):
+    """Lifts outcomes with frames from a depth history and the latest camera model."""
+
+    def __init__(self, settings: DepthSettings, history: FrameHistory[P],
+                 read_frame: Callable[[P], ImageMessage],
+                 camera_model: Callable[[], CameraModel | None]) -> None:
+        """``camera_model`` returns the colour camera's latest CameraInfo as a model."""
+        self.settings = settings
+        self.history = history
+        self.read_frame = read_frame
+        self.camera_model = camera_model
+
+    def lift(self, outcome: ReasonOutcome, colour_stamp_ns: int,
+             colour_size: tuple[int, int], colour_frame_id: str) -> Answer3D:
+        """Lift every box, point and trajectory of ``outcome``; never raises."""
+        if not (outcome.boxes or outcome.points or outcome.trajectories):
+            return Answer3D(LiftCode.OFF, "nothing to lift", colour_frame_id)
+        s = self.settings
+        camera = self.camera_model()
+        if camera is None:
+            return Answer3D(LiftCode.NO_DEPTH, "no CameraInfo received yet", colour_frame_id)
+        skew_ns = int(s.max_skew_s * _NS)
+        candidates = self.history.frames_since(colour_stamp_ns - skew_ns,
+                                               colour_stamp_ns + skew_ns)
+        if not candidates:
+            latest = self.history.latest()
+            nearest = "none received" if latest is None else \
+                f"newest is {(latest.stamp_ns - colour_stamp_ns) / _NS:+.3f} s from it"
+            return Answer3D(LiftCode.NO_DEPTH, f"no depth frame within depth.max_skew_s="
+                            f"{s.max_skew_s:g} s of the colour frame ({nearest})",
+                            colour_frame_id)
+        frame = min(candidates, key=lambda f: abs(f.stamp_ns - colour_stamp_ns))
+        try:
+            depth = self.read_frame(frame.payload)
+            scale = check_registration(colour_size, (depth.width, depth.height),
+                                       colour_frame_id, depth.frame_id,
+                                       s.registered_frame_id, camera)
+            metres = depth_to_metres(depth.encoding, depth.width, depth.height, depth.step,
+                                     depth.data, depth.is_bigendian, s.scale)
+        except CosmosReasonError as e:
+            return Answer3D(LiftCode.BAD_DEPTH, e.message, colour_frame_id, frame.stamp_ns)
+        settings = s.lift
+        boxes = tuple(_DEGENERATE if b.degenerate
+                      else lift_box(metres, camera, b, scale, settings) for b in outcome.boxes)
+        points = tuple(lift_point(metres, camera, p, scale, settings) for p in outcome.points)
+        trajectories = tuple(lift_trajectory(metres, camera, t, scale, settings)
+                             for t in outcome.trajectories)
+        return Answer3D(LiftCode.OK, "", colour_frame_id, frame.stamp_ns, boxes, points,
+                        trajectories)

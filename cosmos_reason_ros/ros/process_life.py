@@ -1,0 +1,278 @@
+"""Process life of the node: stop signals at any moment, and no process outliving the node.
+
+vLLM runs its engine core (and, with its multiprocessing executor, a worker) in processes it
+starts with multiprocessing ``spawn``. Before this module, those processes lived on with
+parent PID 1 (gigabytes of RAM, still using CPU) when the node was killed or stopped during
+start-up, and a terminal's Ctrl-C, which reaches the whole foreground process group, made them
+print ``KeyboardInterrupt`` tracebacks. Three mechanisms, each for one way a node ends:
+
+- ``guard_spawned_child`` (called by the node module at import): a spawned child imports its
+  parent's ``__main__`` module as ``__mp_main__``, so every process the node spawns, and every
+  process those spawn, runs it first. There it asks the kernel for SIGKILL when its parent
+  dies (``PR_SET_PDEATHSIG``; forked children arm it through ``os.register_at_fork``), then
+  checks that the parent is still the one it started from. This holds even when the node is
+  SIGKILLed. Linux sends the signal when the parent *thread* that started the child exits:
+  the engine starts its core from the engine runner's loop thread, which lives as long as the
+  engine, and the core starts its workers from its main thread.
+- ``StopSignals``: SIGINT/SIGTERM raise ``StartupInterrupted`` in the main thread while the
+  node starts (the main thread waits for the engine in short slices, so the exception comes
+  within a fraction of a second), and only set ``stop`` once it serves: ``main`` then ends the
+  goals in order.
+- ``end_descendants``: kills whatever still runs below the node (an interrupted engine start,
+  or anything an engine shutdown left) and releases the shared memory those processes held.
+
+The engine runner's loop thread blocks SIGINT, and so do the processes started from it (the
+mask is inherited): a terminal's Ctrl-C stops only the node, which stops its engine itself.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import multiprocessing
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterable
+from multiprocessing import resource_tracker
+from pathlib import Path
+from types import FrameType
+
+PARENT_ENV = "COSMOS_REASON_PARENT_PID"  # the pid a process spawned from here must die with
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+_WATCH_PERIOD_S = 0.5  # parent check period where prctl is unavailable
+_SHM_PREFIX = "psm_"  # multiprocessing.shared_memory's generated names
+_LOG = logging.getLogger(__name__)
+
+
+class StartupInterrupted(BaseException):  # noqa: N818 - an interruption, like KeyboardInterrupt
+    """A stop signal arrived while the node was starting (raised in the main thread).
+
+    A ``BaseException``, like ``KeyboardInterrupt``, so that the ``except Exception`` blocks of
+    start-up code do not take it for a failure of their own.
+    """
+
+    def __init__(self, signum: int) -> None:
+        """Remember which signal interrupted the start."""
+        super().__init__(signum)
+        self.signum = signum
+
+    @property
+    def signal_name(self) -> str:
+        """``SIGINT``, ``SIGTERM``..."""
+        return signal.Signals(self.signum).name
+
+
+class StopSignals:
+    """SIGINT and SIGTERM for the node's main thread: interrupt the start, then request a stop.
+
+    Until ``started()`` the first signal raises ``StartupInterrupted`` (once); afterwards any
+    signal sets ``stop``, and a repeated one is counted (``repeats``) but changes nothing: the
+    shutdown it would hurry is bounded already.
+    """
+
+    def __init__(self, signals: Iterable[int] = (signal.SIGINT, signal.SIGTERM)) -> None:
+        """Install the handlers (main thread only)."""
+        self.stop = threading.Event()
+        self.signum: int | None = None
+        self.repeats = 0
+        self._starting = True
+        for sig in signals:
+            signal.signal(sig, self._on_signal)
+
+    def started(self) -> None:
+        """From now on a signal only sets ``stop``."""
+        self._starting = False
+
+    def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
+        if self.stop.is_set():
+            self.repeats += 1
+            return
+        self.signum = signum
+        self.stop.set()
+        if self._starting:
+            self._starting = False
+            raise StartupInterrupted(signum)
+
+
+# --- children: die with the parent -----------------------------------------------------------
+
+
+def own_spawned_processes() -> None:
+    """Make every process started from this one from now on die with it (see the module doc).
+
+    Called by the node's ``main`` before the engine starts; the marker travels to children in
+    the environment, and forked children arm themselves in an ``os.register_at_fork`` hook.
+    """
+    os.environ[PARENT_ENV] = str(os.getpid())
+    os.register_at_fork(after_in_child=_arm)
+
+
+def guard_spawned_child() -> None:
+    """In a process spawned from a node (vLLM's engine core, its workers): die with the parent.
+
+    Does nothing elsewhere: in the node itself, in tests and tools that import the node module,
+    and in spawned children of programs that are not the node.
+    """
+    marker = os.environ.get(PARENT_ENV, "")
+    if not marker.isdigit() or int(marker) == os.getpid() \
+            or multiprocessing.current_process().name == "MainProcess":
+        return
+    _arm()
+    os.register_at_fork(after_in_child=_arm)
+
+
+def _arm() -> None:
+    """Die with the parent: kernel parent-death signal, else a watchdog thread."""
+    marker = os.environ.get(PARENT_ENV, "")
+    if not marker.isdigit():
+        return
+    parent = int(marker)
+    armed = _set_parent_death_signal(signal.SIGKILL)
+    if os.getppid() != parent:  # the parent died before the signal was armed
+        os._exit(1)
+    os.environ[PARENT_ENV] = str(os.getpid())  # for the processes this one starts
+    if not armed:
+        threading.Thread(target=_watch_parent, args=(parent,), name="parent-watch",
+                         daemon=True).start()
+
+
+def _set_parent_death_signal(signum: int) -> bool:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(_PR_SET_PDEATHSIG, int(signum), 0, 0, 0) == 0
+    except (OSError, AttributeError):  # not Linux
+        return False
+
+
+def _watch_parent(parent: int) -> None:
+    while os.getppid() == parent:
+        time.sleep(_WATCH_PERIOD_S)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+# --- the node: end what is left below it ------------------------------------------------------
+
+
+def descendants(pid: int | None = None) -> list[int]:
+    """Live processes below ``pid`` (default: this process), parents first (Linux /proc)."""
+    root = os.getpid() if pid is None else pid
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:  # ended meanwhile
+            continue
+        # "pid (comm) state ppid ...": comm may hold spaces and parentheses.
+        fields = text[text.rindex(")") + 2:].split()
+        if fields[0] != "Z":  # a zombie has ended already (its parent has yet to reap it)
+            children.setdefault(int(fields[1]), []).append(int(text.split(" ", 1)[0]))
+    found: list[int] = []
+    todo = [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def shared_memory_below() -> set[str]:
+    """Names of the shared-memory segments the processes below this one have mapped now."""
+    tracker = _resource_tracker_pid()
+    return {name for pid in descendants() if pid != tracker
+            for name in _mapped_shared_memory(pid)}
+
+
+def release_shared_memory(names: Iterable[str]) -> list[str]:
+    """Unlink those of ``names`` that still exist; return them.
+
+    For segments a child created and could not unlink (vLLM's engine core killed before it
+    got to it). The child registered them with this process's resource tracker (children
+    share their parent's), which would unlink them itself at exit and warn "There appear to
+    be N leaked shared_memory objects": they are unregistered there too.
+    """
+    released = []
+    for name in sorted(names):
+        path = Path("/dev/shm") / name
+        try:
+            path.unlink()
+        except FileNotFoundError:  # its owner released it
+            continue
+        except OSError as exc:
+            _LOG.warning("could not unlink shared memory %s: %s", path, exc)
+            continue
+        released.append(name)
+        if _resource_tracker_pid() is not None:
+            try:
+                resource_tracker.unregister("/" + name, "shared_memory")
+            except Exception as exc:  # noqa: BLE001 - the tracker then only warns
+                _LOG.debug("resource tracker unregister %s failed: %s", name, exc)
+    return released
+
+
+def end_descendants() -> list[str]:
+    """Kill every process below this one but the resource tracker; return their names.
+
+    They are stopped first, so that none maps or starts anything more, then the segments
+    they hold are listed, they are killed, and the segments released. The resource tracker
+    is left to exit by itself once nothing holds its pipe.
+    """
+    tracker = _resource_tracker_pid()
+    pids = [p for p in descendants() if p != tracker]
+    if not pids:
+        return []
+    for pid in pids:
+        _signal(pid, signal.SIGSTOP)
+    names = [_process_name(pid) for pid in pids]
+    segments = {name for pid in pids for name in _mapped_shared_memory(pid)}
+    for pid in pids:
+        _signal(pid, signal.SIGKILL)
+    release_shared_memory(segments)
+    return names
+
+
+def end_interrupted_start() -> list[str]:
+    """End an engine start cut short by a signal: kill its processes, quietly.
+
+    Python logging is switched off first: the engine's loop thread sees its processes die and
+    would report a failed start that is no failure (the process exits right after this).
+    """
+    logging.disable(logging.CRITICAL)
+    return end_descendants()
+
+
+def _signal(pid: int, signum: int) -> None:
+    try:
+        os.kill(pid, signum)
+    except OSError:  # ended meanwhile
+        pass
+
+
+def _process_name(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip() or str(pid)
+    except OSError:
+        return str(pid)
+
+
+def _mapped_shared_memory(pid: int) -> set[str]:
+    """Names of the live (not yet unlinked) multiprocessing segments ``pid`` has mapped."""
+    try:
+        lines = Path(f"/proc/{pid}/maps").read_text().splitlines()
+    except OSError:
+        return set()
+    names = set()
+    for line in lines:
+        fields = line.split(None, 5)  # address perms offset dev inode [path]
+        path = fields[5] if len(fields) == 6 else ""
+        if path.startswith(f"/dev/shm/{_SHM_PREFIX}") and not path.endswith(" (deleted)"):
+            names.add(path[len("/dev/shm/"):])
+    return {n for n in names if "/" not in n}
+
+
+def _resource_tracker_pid() -> int | None:
+    # Started by the first spawn (of vLLM's engine core); children share it through its fd.
+    tracker = getattr(resource_tracker, "_resource_tracker", None)
+    pid = getattr(tracker, "_pid", None)
+    return pid if isinstance(pid, int) else None
