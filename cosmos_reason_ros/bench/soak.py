@@ -182,6 +182,12 @@ def windows(samples: list[dict[str, Any]], args: argparse.Namespace
     end = samples[-1]["t"] if samples else 0.0
     window = args.window_s if args.window_s else 0.1 * end
     warmup = args.warmup_s if args.warmup_s is not None else 0.1 * end
+    # The frame history filling up (64 frames, ~59 MB at 640x480) is warm-up, however long a
+    # starved node takes to receive them: the baseline starts once the history is full.
+    stored = [s.get("node_frames_stored", 0) for s in samples]
+    if stored and max(stored) > 0:
+        warmup = max(warmup, next(s["t"] for s in samples
+                                  if s.get("node_frames_stored", 0) == max(stored)))
     warmup = min(warmup, max(0.0, end - 2 * window))  # a short run still gets two windows
     return {"warmup": (0.0, warmup), "baseline": (warmup, warmup + window),
             "final": (end - window, end)}
@@ -328,7 +334,8 @@ def run(args: argparse.Namespace) -> int:
     lock = threading.Lock()
     diag_seen = threading.Condition(lock)
     counts = {"goals_sent": 0, "goal_results": 0, "goals_ok": 0, "periodic_results": 0,
-              "periodic_counted": 0, "frames_published": 0, "node_frames_received": 0}
+              "periodic_counted": 0, "frames_published": 0, "node_frames_received": 0,
+              "node_frames_stored": 0}
     last_diag: dict[str, str] = {}
     codes: dict[str, int] = {}
     latencies: list[float] = []
@@ -347,6 +354,7 @@ def run(args: argparse.Namespace) -> int:
                     counts["periodic_counted"] = int(values["periodic_run"]) + int(
                         values["periodic_failed"])
                     counts["node_frames_received"] = int(values["frames_received"])
+                    counts["node_frames_stored"] = int(values["frames_stored"])
                     last_diag.clear()
                     last_diag.update(values)
                     diag_seen.notify_all()

@@ -141,10 +141,12 @@ def lift_box(
     n_rows, n_cols = z.shape
     ax = ((np.arange(cols.start, cols.stop, stride) + 0.5) * scale - 0.5 - camera.cx) / camera.fx
     ay = ((np.arange(rows.start, rows.stop, stride) + 0.5) * scale - 0.5 - camera.cy) / camera.fy
-    jitter_rows = (np.modf(np.arange(1, n_rows + 1) * _GOLDEN)[0] - 0.5)[:, None]
-    jitter_cols = (np.modf(np.arange(1, n_cols + 1) * _GOLDEN)[0] - 0.5)[None, :]
-    slope_x = (ax[None, :] + jitter_rows * (step / camera.fx)).astype(np.float32)
-    slope_y = (ay[:, None] + jitter_cols * (step / camera.fy)).astype(np.float32)
+    jitter_rows = np.modf(np.arange(1, n_rows + 1) * _GOLDEN)[0] - 0.5
+    jitter_cols = np.modf(np.arange(1, n_cols + 1) * _GOLDEN)[0] - 0.5
+    slope_x = np.add.outer((jitter_rows * (step / camera.fx)).astype(np.float32),
+                           ax.astype(np.float32))
+    slope_y = np.add.outer(ay.astype(np.float32),
+                           (jitter_cols * (step / camera.fy)).astype(np.float32))
     zs = z[surface]
     n = zs.size
     xyz = np.empty((3, n), np.float32)

@@ -122,7 +122,7 @@ class ReasonNode(Node):
         self.prefill_worker = PrefillWorker(self, busy=lambda: bool(
             self.slots.running or self.slots.queued or self.periodic.busy.is_set()))
         self._prefill_wake = self.prefill_worker.wake
-        self.outputs = Outputs(self)
+        self.outputs = Outputs(self, depth=p["depth.enabled"])
         self.diagnostics_pub = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
 
     @property

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import threading
 
+from geometry_msgs.msg import PointStamped
 from rclpy.node import Node
 from sensor_msgs.msg import Image
+from visualization_msgs.msg import MarkerArray
 
 from cosmos_reason_interfaces.msg import ReasoningResult
 from cosmos_reason_ros.core.annotate import draw_annotations
@@ -19,8 +21,12 @@ from cosmos_reason_ros.ros import messages
 from cosmos_reason_ros.ros.detections import (
     boxes_left_out,
     load_vision_msgs,
+    to_detection3d_array,
     to_detection_array,
 )
+from cosmos_reason_ros.ros.markers import target_point, to_markers
+
+LIFT_OK, LIFT_TF_FAILED = ReasoningResult.LIFT_OK, ReasoningResult.LIFT_TF_FAILED
 
 # ~/results is reliable keep-last: a burst (e.g. 100 goals at once, most refused OVERLOADED)
 # must fit in the writer's history until a slow subscriber acknowledges it, or results drop.
@@ -30,8 +36,12 @@ RESULTS_QUEUE_DEPTH = 256
 class Outputs:
     """The node's result publishers."""
 
-    def __init__(self, node: Node) -> None:
-        """Create ``~/results``, ``~/annotated_image`` and, with vision_msgs, ``~/detections``."""
+    def __init__(self, node: Node, depth: bool = False) -> None:
+        """Create ``~/results``, ``~/annotated_image``, with vision_msgs ``~/detections``.
+
+        With ``depth`` (3D lifting on) also ``~/markers``, ``~/target_point`` and, with
+        vision_msgs, ``~/detections_3d``.
+        """
         self.node = node
         self.detections_left_out = 0  # degenerate boxes kept out of detections (diagnostics)
         self._lock = threading.Lock()
@@ -44,6 +54,23 @@ class Outputs:
         else:
             self.detections = node.create_publisher(
                 self._vision_msgs.Detection2DArray, "~/detections", 10)
+        # 3D outputs exist only with depth input (docs/INTERFACES.md, "3D").
+        self.detections_3d = self.markers = self.target_point = None
+        if depth:
+            if self._vision_msgs is not None:
+                self.detections_3d = node.create_publisher(
+                    self._vision_msgs.Detection3DArray, "~/detections_3d", 10)
+            self.markers = node.create_publisher(MarkerArray, "~/markers", 10)
+            self.target_point = node.create_publisher(PointStamped, "~/target_point", 10)
+
+    def _publish_3d(self, msg: ReasoningResult) -> None:
+        if self.detections_3d is not None and msg.boxes:
+            self.detections_3d.publish(to_detection3d_array(msg, self._vision_msgs))
+        if self.markers is not None:
+            self.markers.publish(to_markers(msg))
+        target = target_point(msg) if self.target_point is not None else None
+        if target is not None:
+            self.target_point.publish(target)
 
     def publish_result(self, msg: ReasoningResult) -> None:
         """Publish on ``~/results`` (every result, refusals included) while the context lives."""
@@ -57,6 +84,8 @@ class Outputs:
             self.detections_left_out += left_out
         if self.detections is not None and len(msg.boxes) > left_out:
             self.detections.publish(to_detection_array(msg, self._vision_msgs))
+        if msg.lift_code in (LIFT_OK, LIFT_TF_FAILED):
+            self._publish_3d(msg)
         if media is None or self.annotated.get_subscription_count() == 0:
             return
         try:
