@@ -5,6 +5,10 @@ r"""Start the cosmos_reason node with a config preset.
         model:=/models/Cosmos-Reason2-2B image_topic:=/front_camera/image_raw
     ros2 launch cosmos_reason_ros cosmos_reason.launch.py config:=remote_server \
         endpoint:=http://gpu-box.local:8000/v1
+    ros2 launch cosmos_reason_ros cosmos_reason.launch.py config:=x86_gpu depth:=true \
+        image_topic:=/camera/color/image_raw \
+        depth_topic:=/camera/aligned_depth_to_color/image_raw \
+        camera_info_topic:=/camera/color/camera_info
 
 `config` is a preset name (a file in this package's share/config/) or a path to a parameter
 file; `model`, `engine` and `endpoint` override the preset when non-empty. Everything else is
@@ -40,6 +44,12 @@ ARGUMENTS = (
     ("image_topic", "/camera/image_raw", "sensor_msgs/Image topic (the node's 'image')."),
     ("compressed_topic", "", "sensor_msgs/CompressedImage topic (the node's "
      "'image/compressed'); empty = <image_topic>/compressed, image_transport's name."),
+    ("depth", "false", "3D lifting (depth.enabled): needs depth registered to the colour "
+     "image and the colour CameraInfo."),
+    ("depth_topic", "/camera/aligned_depth_to_color/image_raw", "Registered depth "
+     "sensor_msgs/Image topic (the node's 'depth/image'; 16UC1 mm or 32FC1 m)."),
+    ("camera_info_topic", "/camera/color/camera_info", "CameraInfo of the colour camera "
+     "(the node's 'camera_info')."),
     ("namespace", "", "Namespace of the node (the preset applies in any namespace)."),
     ("use_sim_time", "false", "Use /clock (rosbag replay with --clock)."),
     ("log_level", "info", "Logging level: debug, info, warn, error, fatal."),
@@ -74,6 +84,8 @@ def launch_node(context, *args, **kwargs):
         overrides["engine.kind"] = arg["engine"]
     if arg["endpoint"]:
         overrides["engine.endpoints"] = [arg["endpoint"]]
+    if _is_true(arg["depth"]):
+        overrides["depth.enabled"] = True
     image_topic = arg["image_topic"]
     compressed_topic = arg["compressed_topic"] or f"{image_topic.rstrip('/')}/compressed"
     return [Node(
@@ -83,7 +95,9 @@ def launch_node(context, *args, **kwargs):
         namespace=arg["namespace"],
         # Later entries win: the launch overrides apply on top of the preset.
         parameters=[resolve_config(arg["config"]), overrides],
-        remappings=[("image", image_topic), ("image/compressed", compressed_topic)],
+        remappings=[("image", image_topic), ("image/compressed", compressed_topic),
+                     ("depth/image", arg["depth_topic"]),
+                     ("camera_info", arg["camera_info_topic"])],
         arguments=["--ros-args", "--log-level", arg["log_level"]],
         output="screen",
         emulate_tty=True,

@@ -31,6 +31,9 @@ GROUPS = {
               "or servers to call (openai).",
     "model": "Model conventions and the image size the model sees.",
     "image": "Camera input and the frame history.",
+    "depth": "3D lifting: a depth image registered to the colour image ('depth/image') and "
+             "the colour camera's CameraInfo ('camera_info') turn boxes, points and "
+             "trajectories into 3D positions (docs/INTERFACES.md, \"3D\"). Off by default.",
     "limits": "Bounds on goals: concurrency, queue, sizes and time.",
     "periodic": "Periodic monitoring: a prompt run on the latest frame every period_s, "
                 "published on ~/results (skipped while goals or the previous run are busy).",

@@ -38,7 +38,8 @@ PRESETS = sorted(CONFIG_DIR.glob("*.yaml"))
 EXPECTED_PRESETS = {"cpu_demo", "x86_gpu", "jetson_orin_nano", "jetson_orin_nx",
                     "jetson_agx_orin", "jetson_thor", "remote_server"}
 LAUNCH_ARGUMENTS = {"config", "model", "engine", "endpoint", "image_topic", "compressed_topic",
-                    "namespace", "use_sim_time", "log_level"}
+                    "depth", "depth_topic", "camera_info_topic", "namespace", "use_sim_time",
+                    "log_level"}
 # Chat template, system prompt, reasoning instruction and a short question, in tokens: what a
 # single-image goal needs besides the image and the answer (measured ~60-120 for Reason2).
 TEXT_MARGIN_TOKENS = 150
@@ -299,8 +300,10 @@ def test_launch_defaults_start_the_x86_preset(launch_module: types.ModuleType) -
     preset, overrides = kw["parameters"]
     assert Path(preset).resolve() == (CONFIG_DIR / "x86_gpu.yaml").resolve()
     assert overrides == {"use_sim_time": False}
-    assert dict(kw["remappings"]) == {"image": "/camera/image_raw",
-                                      "image/compressed": "/camera/image_raw/compressed"}
+    assert dict(kw["remappings"]) == {
+        "image": "/camera/image_raw", "image/compressed": "/camera/image_raw/compressed",
+        "depth/image": "/camera/aligned_depth_to_color/image_raw",
+        "camera_info": "/camera/color/camera_info"}
     assert kw["arguments"] == ["--ros-args", "--log-level", "info"]
 
 
@@ -308,19 +311,22 @@ def test_launch_overrides_and_remaps(launch_module: types.ModuleType) -> None:
     (node,) = launch_module.launch_node(_context(
         launch_module, config="remote_server", model="cr2", engine="openai",
         endpoint="http://gpu:8000/v1", image_topic="/front/image", compressed_topic="/front/jpeg",
+        depth="true", depth_topic="/front/depth", camera_info_topic="/front/info",
         namespace="robot1", use_sim_time="true", log_level="debug"))
     kw = node.kwargs
     preset, overrides = kw["parameters"]
     assert Path(preset).name == "remote_server.yaml"
     assert overrides == {"use_sim_time": True, "engine.model": "cr2", "engine.kind": "openai",
-                         "engine.endpoints": ["http://gpu:8000/v1"]}
+                         "engine.endpoints": ["http://gpu:8000/v1"], "depth.enabled": True}
     # The preset applies to the node in its namespace, and the overrides are valid
     # parameters on top of it.
     values = load_yaml_params(preset, f"/{kw['namespace']}/{kw['name']}")
     assert values == load_yaml_params(preset)
     values.update({k: v for k, v in overrides.items() if k != "use_sim_time"})
     validate(values)
-    assert dict(kw["remappings"]) == {"image": "/front/image", "image/compressed": "/front/jpeg"}
+    assert dict(kw["remappings"]) == {"image": "/front/image", "image/compressed": "/front/jpeg",
+                                      "depth/image": "/front/depth",
+                                      "camera_info": "/front/info"}
     assert kw["namespace"] == "robot1"
     assert kw["arguments"][-1] == "debug"
 

@@ -88,11 +88,12 @@ def read_jsonl(out):
     return [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
 
 
-def check_outputs(out, bag, scenario_path, exact_frames=True):
+def check_outputs(out, bag, scenario_path, exact_frames=True, latest_bounds=None):
     """Everything a replay writes, checked against the schedule and against each other.
 
     ``exact_frames``: each 'latest' query saw the newest frame at its time (offline, and
     --rate max); at the recorded rate the stream goes on while a goal waits for the engine.
+    ``latest_bounds`` (low, high) in seconds overrides both for the 'latest' queries.
     """
     records = read_jsonl(out)
     info = bagio.bag_info(bag)
@@ -106,7 +107,7 @@ def check_outputs(out, bag, scenario_path, exact_frames=True):
         by_name.setdefault(r["query"], []).append(r)
     # Frames: 'latest' at or before the query time, 'next' after it, a clip of >= 2 frames.
     for r in by_name["ground"] + by_name["verify"]:
-        low, high = (-1 / 15 - 1e-6, 0.0) if exact_frames else (-0.5, 1.0)
+        low, high = latest_bounds or ((-1 / 15 - 1e-6, 0.0) if exact_frames else (-0.5, 1.0))
         assert low <= r["frame_offset_s"] <= high, (r["query"], r["frame_offset_s"])
         assert r["ground_truth"]["red box"]  # the recording's truth for the frame used
     # 'next' = the first frame the node receives after accepting the goal, by its (sim)
@@ -149,19 +150,26 @@ def node_max_run(node, bags, tmp_path_factory):
     return code, out
 
 
-# A starved machine can make a replay through the node miss its timing: rerun the replay.
-@pytest.mark.flaky(reruns=2)
 def test_a_failing_expectation_makes_the_replay_exit_non_zero(node_max_run, bags):
     code, out = node_max_run
     assert code == replay.EXIT_REGRESSION
-    # Through the node the camera callback can trail the replayer on a starved machine
-    # (0.3 s seen on CI even at --rate max), so frame ages are checked with the live bounds;
-    # offline runs below keep the exact check.
-    records = check_outputs(out, bags["mcap"], bags["failing"], exact_frames=False)
-    flagged = [(r["query"], r["regression"]) for r in records if r["regression"]]
-    assert flagged == [("next", True)]
+    # At --rate max no frame after a query's time is published before its result, so a
+    # 'latest' query never sees a later frame. How far back it looks depends on how far the
+    # node's camera callback trails the replayer (the replayer waits for DDS to acknowledge
+    # the frames, not for the node to store them: 0.3 s seen on a starved CI machine), so
+    # any earlier frame of the recording is accepted here; the offline runs below keep the
+    # exact check. This test is about the exit status and which records are flagged.
+    records = check_outputs(out, bags["mcap"], bags["failing"], latest_bounds=(-2.0, 0.0))
+    flagged = [r["query"] for r in records if r["regression"]]
+    # The deliberately failing expectation is flagged; any other flag must come from a
+    # failed expectation that counts (which the random model's answer about whichever frame
+    # it saw decides), never from an informational one or from nothing.
+    assert "next" in flagged
+    for r in records:
+        counting_failures = [s for s in r["scores"] if not s["passed"] and not s["informational"]]
+        assert r["regression"] == bool(counting_failures), (r["query"], r["scores"])
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["regressions"] == 1 and not summary["ok"]
+    assert summary["regressions"] == len(flagged) and not summary["ok"]
     assert "REGRESSION" in (out / "report.html").read_text()
 
 
