@@ -12,29 +12,33 @@ Estimation, and why:
 - **Invalid depth is skipped**: 0 (16UC1 "no return"), NaN/inf (32FC1), and anything outside
   ``[min_m, max_m]``. Too few valid pixels makes that item invalid with a reason; the caller
   keeps its 2D result.
-- **Box depth = the nearest dominant surface**, not the median of the box: a box around an
-  object also covers the table or wall behind it, and with a thin object the background can be
-  most of the box. Valid depths go into a histogram with bins proportional to depth
-  (``bin_rel``, so sensor noise that grows with depth spans the same number of bins); the
-  nearest bin whose neighbourhood (+-2 bins) holds ``surface_fraction`` of the valid pixels
-  gives a first guess (the fullest bin there), refined to the median of the pixels within
-  ``surface_tol_rel`` of it. Small nearer clutter (an occluding edge, flying pixels) holds less than the fraction
-  and is passed over.
+- **Box depth = the nearest dominant surface**, not the median of the box nor the depth at its
+  centre pixel (yolo_ros keeps pixels within 0.3 m of the centre pixel, mgonzs13/yolo_ros#13,
+  which fails when that pixel is a hole or background): a box around an object also covers the
+  table or wall behind it, and with a thin object the background can be most of the box. Valid
+  depths go into a histogram with bins proportional to depth (``bin_rel``, so sensor noise that
+  grows with depth spans the same number of bins); the nearest bin whose neighbourhood (+-2
+  bins) holds ``surface_fraction`` of the valid pixels gives a first guess (the fullest bin
+  there), refined to the median of the pixels within ``surface_tol_rel`` of it. Small nearer
+  clutter (an occluding edge, flying pixels) holds less than the fraction and is passed over.
 - **Box centre and size from that surface's pixels back-projected through K**, using the
-  ``percentile``..``100 - percentile`` range per axis, not min/max: yolo_ros users found its
-  3D boxes "unreasonably small" or wildly large from min/max of noisy, background-contaminated
-  points. For a uniformly covered surface the range is divided by the share of samples it
-  covers, so a clean fronto-parallel rectangle comes out at its true size.
-- **Points** use a small patch (``patch_px`` square, in depth pixels) with the same surface
-  estimate; a plane fitted to that surface's inverse depth gives the depth at the point's
-  sub-pixel position (exact on planes, e.g. a floor at a grazing angle), and the position is on
-  the exact ray through the point. Trajectories lift each waypoint.
+  ``percentile``..``100 - percentile`` range per axis, not min/max (issue #19 cites yolo_ros
+  3D boxes "unreasonably small" from a naive min/max, mgonzs13/yolo_ros#117): stray pixels
+  stretch a min/max box, and a plain percentile range shrinks it by the trimmed share. So the
+  range is divided by the share of samples it covers, which gives a uniformly covered surface
+  (a fronto-parallel rectangle) its true size.
+- **Points** use a small patch (``patch_px`` square, in depth pixels) and the surface under
+  the point's own pixel (the nearest dominant one when that pixel has no depth); a plane
+  fitted to that surface's inverse depth gives the depth at the point's sub-pixel position
+  (exact on planes, e.g. a floor at a grazing angle), and the position is on the exact ray
+  through the point. Trajectories lift each waypoint.
 - **Bounded cost**: boxes larger than ``max_samples`` depth pixels are read on a regular
   strided grid (all numpy, no per-pixel Python), so a goal's cost does not grow with box size.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -46,6 +50,8 @@ from cosmos_reason_ros.core.types import BadImageError, BadRequestError, Box, Po
 
 _NAN3 = (math.nan, math.nan, math.nan)
 _GOLDEN = (math.sqrt(5.0) - 1.0) / 2.0  # most evenly spread fractional sequence k * _GOLDEN
+_TINY = float(np.finfo(np.float32).tiny)  # smallest positive depth: 0 is "no return"
+_WINDOW = np.ones(5, dtype=np.intp)
 
 
 @dataclass(frozen=True)
@@ -62,7 +68,7 @@ class LiftSettings:
     surface_tol_m: float = 0.02
     percentile: float = 5.0  # centre/size from the [p, 100 - p] percentile range per axis
     patch_px: int = 5  # side of the square patch read around a point, in depth pixels
-    max_samples: int = 4096  # larger boxes are read on a strided grid of about this many
+    max_samples: int = 2048  # larger boxes are read on a strided grid of about this many
 
     def __post_init__(self) -> None:
         """Validate once, naming the field, so a bad parameter fails at startup."""
@@ -121,12 +127,17 @@ def lift_box(
 ) -> Lifted:
     """Lift a box (colour-image pixels) to the 3D centre and size of the object it frames."""
     _check_depth(depth_m, camera, scale)
+    return _lift_box(depth_m, camera, box, scale, settings)
+
+
+def _lift_box(depth_m: np.ndarray, camera: CameraModel, box: Box, scale: int,
+              settings: LiftSettings) -> Lifted:
     window = _pixel_window(depth_m.shape, scale, box.x_min, box.x_max, box.y_min, box.y_max,
                            settings.max_samples)
     if window is None:
         return Lifted(False, reason="box lies outside the depth image")
     rows, cols, stride = window
-    z = depth_m[rows, cols]
+    z = np.ascontiguousarray(depth_m[rows, cols])  # one gather; the passes below run faster
     found = _surface(z, settings, "box")
     if isinstance(found, Lifted):
         return found
@@ -139,14 +150,9 @@ def lift_box(
     # without it, quantised percentiles are off by up to a sample on each side.
     step = stride * scale
     n_rows, n_cols = z.shape
-    ax = ((np.arange(cols.start, cols.stop, stride) + 0.5) * scale - 0.5 - camera.cx) / camera.fx
-    ay = ((np.arange(rows.start, rows.stop, stride) + 0.5) * scale - 0.5 - camera.cy) / camera.fy
-    jitter_rows = np.modf(np.arange(1, n_rows + 1) * _GOLDEN)[0] - 0.5
-    jitter_cols = np.modf(np.arange(1, n_cols + 1) * _GOLDEN)[0] - 0.5
-    slope_x = np.add.outer((jitter_rows * (step / camera.fx)).astype(np.float32),
-                           ax.astype(np.float32))
-    slope_y = np.add.outer(ay.astype(np.float32),
-                           (jitter_cols * (step / camera.fy)).astype(np.float32))
+    ax, ay = _ray_slopes(camera, scale, *depth_m.shape)
+    slope_x = np.add.outer(_jitter(n_rows) * (step / camera.fx), ax[cols])
+    slope_y = np.add.outer(ay[rows], _jitter(n_cols) * (step / camera.fy))
     zs = z[surface]
     n = zs.size
     xyz = np.empty((3, n), np.float32)
@@ -156,11 +162,12 @@ def lift_box(
     k_lo = int(settings.percentile / 100.0 * n)
     k_hi = n - 1 - k_lo
     xyz.partition((k_lo, k_hi), axis=1)  # in place: only the two order statistics are needed
-    lo, hi = xyz[:, k_lo].astype(np.float64), xyz[:, k_hi].astype(np.float64)
-    centre = (lo + hi) / 2.0
+    (x0, y0, z0), (x1, y1, z1) = xyz[:, k_lo].tolist(), xyz[:, k_hi].tolist()
     # Order statistic k of n uniform samples sits at (k + 1) / (n + 1) of the range on average.
-    size = (hi - lo) * ((n + 1) / (k_hi - k_lo)) if k_hi > k_lo else hi - lo
-    return Lifted(True, _xyz(centre), _xyz(size), z_ref, n_valid, n)
+    spread = (n + 1) / (k_hi - k_lo) if k_hi > k_lo else 1.0
+    return Lifted(True, position=((x0 + x1) / 2.0, (y0 + y1) / 2.0, (z0 + z1) / 2.0),
+                  size=((x1 - x0) * spread, (y1 - y0) * spread, (z1 - z0) * spread),
+                  depth_m=z_ref, valid_pixels=n_valid, used_pixels=n)
 
 
 def lift_point(
@@ -172,9 +179,14 @@ def lift_point(
 ) -> Lifted:
     """Lift a point (colour-image pixels) to the surface point on its ray."""
     _check_depth(depth_m, camera, scale)
+    return _lift_point(depth_m, camera, point, scale, settings)
+
+
+def _lift_point(depth_m: np.ndarray, camera: CameraModel, point: Point, scale: int,
+                settings: LiftSettings) -> Lifted:
     height, width = depth_m.shape
     if not (0.0 <= point.x <= width * scale and 0.0 <= point.y <= height * scale):
-        return Lifted(False, size=(0.0, 0.0, 0.0), reason="point lies outside the depth image")
+        return Lifted(False, reason="point lies outside the depth image")
     half = settings.patch_px // 2
     j = min(int(point.x / scale), width - 1)
     i = min(int(point.y / scale), height - 1)
@@ -184,8 +196,7 @@ def lift_point(
     # a steep plane the nearest dominant part of the patch would be off by the patch's slope).
     found = _surface(z, settings, "point patch", anchor=float(depth_m[i, j]))
     if isinstance(found, Lifted):
-        return Lifted(False, size=(0.0, 0.0, 0.0), valid_pixels=found.valid_pixels,
-                      reason=found.reason)
+        return found
     surface, z_ref, n_valid = found
     r, c = np.nonzero(surface)
     zs = z[r, c]
@@ -196,8 +207,8 @@ def lift_point(
     if z_point is None or not float(zs.min()) - slack <= z_point <= float(zs.max()) + slack:
         z_point = z_ref
     x, y, _ = camera.back_project(point.x, point.y, z_point)
-    return Lifted(True, (float(x), float(y), z_point), (0.0, 0.0, 0.0), z_point, n_valid,
-                  int(r.size))
+    return Lifted(True, position=(float(x), float(y), z_point), size=(0.0, 0.0, 0.0),
+                  depth_m=z_point, valid_pixels=n_valid, used_pixels=int(r.size))
 
 
 def lift_trajectory(
@@ -208,7 +219,8 @@ def lift_trajectory(
     settings: LiftSettings = DEFAULT_SETTINGS,
 ) -> tuple[Lifted, ...]:
     """Lift each waypoint of a trajectory (a 3D path; invalid waypoints say why)."""
-    return tuple(lift_point(depth_m, camera, p, scale, settings) for p in trajectory.points)
+    _check_depth(depth_m, camera, scale)
+    return tuple(_lift_point(depth_m, camera, p, scale, settings) for p in trajectory.points)
 
 
 def lift_boxes(
@@ -219,14 +231,32 @@ def lift_boxes(
     settings: LiftSettings = DEFAULT_SETTINGS,
 ) -> tuple[Lifted, ...]:
     """Lift several boxes of one goal (convenience for the node and replay)."""
-    return tuple(lift_box(depth_m, camera, b, scale, settings) for b in boxes)
+    _check_depth(depth_m, camera, scale)
+    return tuple(_lift_box(depth_m, camera, b, scale, settings) for b in boxes)
 
 
 # --- internals ------------------------------------------------------------------------------
 
 
-def _xyz(values: np.ndarray) -> tuple[float, float, float]:
-    return float(values[0]), float(values[1]), float(values[2])
+@functools.lru_cache(maxsize=8)
+def _ray_slopes(camera: CameraModel, scale: int, height: int,
+                width: int) -> tuple[np.ndarray, np.ndarray]:
+    """x/z and y/z of the rays through each depth column and row centre (per camera, cached)."""
+    ax = ((np.arange(width) + 0.5) * scale - 0.5 - camera.cx) / camera.fx
+    ay = ((np.arange(height) + 0.5) * scale - 0.5 - camera.cy) / camera.fy
+    ax, ay = ax.astype(np.float32), ay.astype(np.float32)
+    ax.flags.writeable = ay.flags.writeable = False  # shared between calls
+    return ax, ay
+
+
+_JITTER = (np.modf(np.arange(1, 4097) * _GOLDEN)[0] - 0.5).astype(np.float32)
+
+
+def _jitter(n: int) -> np.ndarray:
+    """Offsets in (-0.5, 0.5), evenly spread for any prefix (golden-ratio sequence)."""
+    if n <= _JITTER.size:
+        return _JITTER[:n]
+    return (np.modf(np.arange(1, n + 1) * _GOLDEN)[0] - 0.5).astype(np.float32)
 
 
 def _check_depth(depth_m: np.ndarray, camera: CameraModel, scale: int) -> None:
@@ -251,8 +281,8 @@ def _pixel_window(
 ) -> tuple[slice, slice, int] | None:
     """Depth pixels whose centres lie in the box, as (row slice, column slice, stride)."""
     height, width = shape
-    values = (x0, x1, y0, y1)
-    if not all(math.isfinite(v) for v in values) or x1 < 0 or y1 < 0 or \
+    # One test for all four: NaN and inf propagate through the sum (inf - inf is NaN too).
+    if not math.isfinite(x0 + x1 + y0 + y1) or x1 < 0 or y1 < 0 or \
             x0 > width * scale or y0 > height * scale:
         return None
     cols = _span(x0 / scale, x1 / scale, width)
@@ -288,41 +318,44 @@ def _surface(
     dominant one.
     """
     n = z.size
-    low = settings.min_m if settings.min_m > 0.0 else float(np.finfo(np.float32).tiny)
-    with np.errstate(invalid="ignore"):
-        valid = (z >= low) & (z <= settings.max_m)  # NaN compares false: skipped too
-    n_valid = int(np.count_nonzero(valid))
+    z_low = settings.min_m if settings.min_m > 0.0 else _TINY
+    valid = (z >= z_low) & (z <= settings.max_m)  # NaN compares false (quietly): skipped too
+    zv = z[valid]
+    n_valid = zv.size
     need = max(settings.min_valid_pixels, math.ceil(settings.min_valid_fraction * n))
     if n_valid < need:
         return Lifted(False, valid_pixels=n_valid, reason=_no_depth(z, n_valid, need, settings,
                                                                     what))
-    zv = z[valid]
-    if settings.min_m <= anchor <= settings.max_m and anchor > 0.0:
-        return _refine(z, zv, valid, anchor, settings, n_valid)
+    if z_low <= anchor <= settings.max_m:
+        return _refine(z, zv, anchor, settings, n_valid)
     z_min = float(zv.min())
     step = math.log1p(settings.bin_rel)
-    bins = (np.log(zv * (1.0 / z_min)) * (1.0 / step)).astype(np.intp)
-    counts = np.bincount(bins)
+    bins = np.log(zv)
+    bins -= math.log(z_min)
+    bins *= 1.0 / step
+    counts = np.bincount(bins.astype(np.intp))
     # Mass within +-2 bins (~ +-2 % of depth): a noisy surface spreads over neighbouring bins.
-    mass = np.convolve(counts, np.ones(5, dtype=np.intp), mode="same")
-    dense = np.flatnonzero(mass >= settings.surface_fraction * n_valid)
-    if dense.size:
+    mass = np.correlate(counts, _WINDOW, mode="same")
+    dense = int((mass >= settings.surface_fraction * n_valid).argmax())  # first such bin
+    if mass[dense] >= settings.surface_fraction * n_valid:
         # The fullest bin in that window. (Not climbing the smoothed mass: two surfaces a few
         # bins apart merge in it, and its peak would then lie between them.)
-        low = max(int(dense[0]) - 2, 0)
-        peak = low + int(np.argmax(counts[low:int(dense[0]) + 3]))
+        first = max(dense - 2, 0)
+        peak = first + int(counts[first:dense + 3].argmax())
     else:  # depth spread thinly (e.g. a floor at a grazing angle): take the densest depth
-        peak = int(np.argmax(mass))
-    return _refine(z, zv, valid, z_min * math.exp((peak + 0.5) * step), settings, n_valid)
+        peak = int(mass.argmax())
+    return _refine(z, zv, z_min * math.exp((peak + 0.5) * step), settings, n_valid)
 
 
-def _refine(z: np.ndarray, zv: np.ndarray, valid: np.ndarray, z_peak: float,
-            settings: LiftSettings, n_valid: int) -> tuple[np.ndarray, float, int]:
+def _refine(z: np.ndarray, zv: np.ndarray, z_peak: float, settings: LiftSettings,
+            n_valid: int) -> tuple[np.ndarray, float, int]:
     """Median of the valid depths near ``z_peak``, and the mask of pixels near that median."""
-    near = zv[np.abs(zv - z_peak) <= _tolerance(z_peak, settings)]
+    tol = _tolerance(z_peak, settings)
+    near = zv[(zv >= z_peak - tol) & (zv <= z_peak + tol)]
     z_ref = _median(near) if near.size else z_peak
-    with np.errstate(invalid="ignore"):
-        surface = valid & (np.abs(z - z_ref) <= _tolerance(z_ref, settings))
+    tol = _tolerance(z_ref, settings)
+    z_low = max(z_ref - tol, settings.min_m, _TINY)
+    surface = (z >= z_low) & (z <= min(z_ref + tol, settings.max_m))
     return surface, z_ref, n_valid
 
 
@@ -360,8 +393,7 @@ def _median(values: np.ndarray) -> float:
 def _no_depth(z: np.ndarray, n_valid: int, need: int, settings: LiftSettings, what: str) -> str:
     """Say why an item has no depth: missing returns, or values outside the range (units?)."""
     n = z.size
-    with np.errstate(invalid="ignore"):
-        measured = z[np.isfinite(z) & (z > 0.0)]
+    measured = z[np.isfinite(z) & (z > 0.0)]
     outside = measured.size - n_valid
     limits = f"[{settings.min_m:g}, {settings.max_m:g}] m"
     if n_valid == 0 and outside > 0:

@@ -31,8 +31,9 @@ from cosmos_reason_ros.core.types import BadImageError, BadRequestError
 DEPTH_UNITS_M: dict[str, float] = {"16UC1": 0.001, "32FC1": 1.0}
 """Metres per depth unit by encoding, as REP 118 defines them: 16UC1 millimetres, 32FC1 metres.
 
-Mixing the two up is the classic failure (yolo_ros users: 3D boxes "far off", a factor 1000),
-so the unit is taken from the encoding and only an explicit ``depth.scale`` overrides it.
+Mixing the two up is the classic failure (yolo_ros: 3D detections "far-off" until its fixed
+unit divisor was changed, mgonzs13/yolo_ros#105), so the unit is taken from the encoding and
+only an explicit ``depth.scale`` overrides it.
 """
 
 DEPTH_ENCODINGS: tuple[str, ...] = tuple(DEPTH_UNITS_M)
@@ -101,7 +102,7 @@ class CameraModel:
         """
         k_values = _floats(k, 9, "k")
         fx, fy, cx, cy = k_values[0], k_values[4], k_values[2], k_values[5]
-        distortion = tuple(float(c) for c in d)
+        distortion = tuple(_floats(d, None, "d"))
         if rectified:
             if p is not None and any(p):
                 p_values = _floats(p, 12, "p")
@@ -129,9 +130,12 @@ class CameraModel:
         return (u - 0.5 - self.cx) * z / self.fx, (v - 0.5 - self.cy) * z / self.fy, z
 
 
-def _floats(values: Sequence[float], length: int, name: str) -> list[float]:
-    out = [float(v) for v in values]
-    if len(out) != length:
+def _floats(values: Sequence[float], length: int | None, name: str) -> list[float]:
+    try:
+        out = [float(v) for v in values]
+    except (TypeError, ValueError):
+        raise BadImageError(f"camera_info {name}={values!r}: expected numbers") from None
+    if length is not None and len(out) != length:
         raise BadImageError(f"camera_info {name} has {len(out)} values; expected {length}")
     return out
 
@@ -203,8 +207,8 @@ def check_registration(
     must be the colour image's or the declared ``registered_frame_id``. If ``camera`` (the
     colour CameraInfo) is given, its size (when set) and frame_id must match the colour image
     too. Anything else raises BadImageError with a specific message: unregistered depth gives
-    plausible-looking but wrong 3D positions (a yolo_ros complaint: depth assumed registered
-    without checking), so it is refused rather than used.
+    plausible-looking but wrong 3D positions (issue #19: depth assumed registered without
+    checking), so it is refused rather than used.
     """
     cw, ch = _size(colour_size, "colour image size")
     dw, dh = _size(depth_size, "depth image size")
