@@ -3,17 +3,26 @@
     soak --duration-s 600                       # tiny model on the CPU preset, 10 minutes
     soak --model /models/Cosmos-Reason2-2B --preset x86_gpu --duration-s 3600
     soak --connect --node-pid 1234              # a node that is already running
+    soak --duration-s 60 --goal-period-s 0 --periodic-s 0 --probe   # where frames are lost
 
-Starts the node (or connects to one), publishes synthetic frames at ``--camera-hz``, turns
-periodic monitoring on (``--periodic-s``), sends a goal every ``--goal-period-s`` without
-waiting for the previous one, and samples the node process (RSS of the node and its children,
-such as vLLM's engine core; open file descriptors; threads) once a second. At the end it waits
-for outstanding results, then counts losses: goals sent without a result, periodic runs the
-node counted (``/diagnostics``) without a message on ``~/results``. Writes ``soak.json`` (every
-sample and the summary) and ``soak.png`` to ``--out``, prints a summary line, and exits 1 when a
-threshold fails: any loss, RSS growth above ``--max-rss-growth-mb`` (median of the last
-``--window-s`` against the median of the first window after ``--warmup-s``), fd or thread growth
-above their bounds. Exit 2: the node did not start.
+Subscribes to ``~/results`` and ``/diagnostics`` first, then starts the node (or connects to
+one), publishes synthetic frames at ``--camera-hz`` (raw or JPEG, best effort or reliable),
+turns periodic monitoring on (``--periodic-s``; 0 = off), sends a goal every
+``--goal-period-s`` (0 = none) without waiting for the previous one, and samples the node
+process (RSS of the node and its children, such as vLLM's engine core; open file
+descriptors; threads) once a second. At the end it waits for outstanding results, then holds
+the node with a goal (no periodic run starts while a goal is in the node) until its status
+shows no periodic run in progress: that status's count is final and must equal the periodic
+results received. ``--probe`` adds a second camera reader with the node's QoS and its DDS
+sample-lost count, to tell frames DDS lost from frames the node's process dropped.
+
+Growth is judged after warm-up: by default the first 10 % of the run is warm-up (at least
+until the node's frame history is full), growth = median of the last 10 % - median of the
+10-20 % window, also given per hour; the warm-up rise is reported apart and both are plotted.
+Writes ``soak.json`` (every sample and the summary) and ``soak.png`` to ``--out``, prints a
+summary line, and exits 1 when a threshold fails: any loss, RSS growth above
+``--max-rss-growth-mb`` (or ``--max-rss-growth-mb-per-hour``), fd or thread growth above their
+bounds. Exit 2: the node did not start.
 """
 
 from __future__ import annotations
@@ -97,62 +106,96 @@ def camera_qos(reliability: str, depth: int) -> Any:
 
 
 class FrameProbe:
-    """A second camera reader in its own participant, with the node's camera QoS.
+    """A second camera reader with the node's camera QoS, in a process of its own.
 
-    Counts what DDS delivers to a reader that is never starved (its own thread, no other
-    work) and the reader's DDS *sample lost* status (samples the middleware knows it never
-    delivered, e.g. a fragmented best-effort frame missing a fragment). Frames the probe got
-    but the node did not were lost in the node's process (its reader's keep-last queue
-    overwritten before its executor took them); frames the probe lost too were lost by DDS.
+    Counts what DDS delivers across processes to a reader that is never starved (it does
+    nothing else) and the reader's DDS *sample lost* status (samples the middleware knows it
+    never delivered, e.g. a best-effort frame missing a fragment). Frames the probe got but the
+    node did not were lost inside the node's process (its reader's keep-last queue overwritten
+    before its executor took them); frames the probe lost too were lost by DDS. A process of
+    its own, because Fast DDS hands samples between participants of one process directly.
     """
 
-    def __init__(self, topic: str, msg_type: Any, qos: Any) -> None:
-        """Create the reader on a context of its own and spin it."""
-        import rclpy
-        from rclpy.executors import SingleThreadedExecutor
-
-        try:  # Iron and later; Humble has the same class in rclpy.qos_event
-            from rclpy.event_handler import SubscriptionEventCallbacks
-        except ImportError:  # pragma: no cover - Humble
-            from rclpy.qos_event import SubscriptionEventCallbacks
-
-        self.received = 0
-        self.lost = 0
+    def __init__(self, topic: str, compressed: bool, reliability: str, depth: int) -> None:
+        """Start the probe process; its counts arrive as JSON lines on its stdout."""
+        self._counts = {"frames_probe_received": 0, "frames_probe_lost": 0}
         self._lock = threading.Lock()
-        self.context = rclpy.context.Context()
-        rclpy.init(context=self.context)
-        self.node = rclpy.create_node("soak_frame_probe", context=self.context)
-        self.node.create_subscription(
-            msg_type, topic, self._on_frame, qos, raw=True,
-            event_callbacks=SubscriptionEventCallbacks(message_lost=self._on_lost))
-        self.executor = SingleThreadedExecutor(context=self.context)
-        self.executor.add_node(self.node)
-        threading.Thread(target=self.executor.spin, name="frame_probe", daemon=True).start()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "cosmos_reason_ros.bench.soak", "--as-probe", topic,
+             "jpeg" if compressed else "raw", reliability, str(depth)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self._reader = threading.Thread(target=self._read, name="frame_probe", daemon=True)
+        self._reader.start()
 
-    def _on_frame(self, _data: bytes) -> None:
-        with self._lock:
-            self.received += 1
-
-    def _on_lost(self, info: Any) -> None:
-        with self._lock:
-            self.lost += info.total_count_change
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            with self._lock:
+                self._counts = json.loads(line)
 
     def counts(self) -> dict[str, int]:
         """Frames received and reported lost so far."""
         with self._lock:
-            return {"frames_probe_received": self.received, "frames_probe_lost": self.lost}
+            return dict(self._counts)
 
     def close(self) -> None:
-        """Stop spinning and shut the probe's context down."""
-        import rclpy
+        """Stop the probe (it ends when its stdin closes) and read its last counts."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        try:
+            self.proc.wait(10.0)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self._reader.join(5.0)
 
-        self.executor.shutdown()
-        self.node.destroy_node()
-        rclpy.try_shutdown(context=self.context)
+
+def probe_main(topic: str, fmt: str, reliability: str, depth: int) -> int:
+    """Run the probe process: count frames and sample-lost events until stdin closes."""
+    import rclpy
+    from rclpy.executors import SingleThreadedExecutor
+    from sensor_msgs.msg import CompressedImage, Image
+
+    try:  # Iron and later; Humble has the same class in rclpy.qos_event
+        from rclpy.event_handler import SubscriptionEventCallbacks
+    except ImportError:  # pragma: no cover - Humble
+        from rclpy.qos_event import SubscriptionEventCallbacks
+
+    counts = {"frames_probe_received": 0, "frames_probe_lost": 0}
+    lock = threading.Lock()
+
+    def on_frame(_data: bytes) -> None:
+        with lock:
+            counts["frames_probe_received"] += 1
+
+    def on_lost(info: Any) -> None:
+        with lock:
+            counts["frames_probe_lost"] += info.total_count_change
+
+    rclpy.init()
+    node = rclpy.create_node("soak_frame_probe")
+    node.create_subscription(
+        CompressedImage if fmt == "jpeg" else Image, topic, on_frame,
+        camera_qos(reliability, depth), raw=True,
+        event_callbacks=SubscriptionEventCallbacks(message_lost=on_lost))
+    executor = SingleThreadedExecutor()
+    executor.add_node(node)
+    threading.Thread(target=executor.spin, daemon=True).start()
+    done = threading.Event()
+    threading.Thread(target=lambda: (sys.stdin.read(), done.set()), daemon=True).start()
+    while True:
+        finished = done.wait(0.5)
+        with lock:
+            print(json.dumps(counts), flush=True)
+        if finished:
+            break
+    executor.shutdown()
+    node.destroy_node()
+    rclpy.try_shutdown()
+    return 0
 
 
 def sample_process(pid: int) -> dict[str, float]:
-    """RSS (MB, the process and its children), open fds and threads of the node process."""
+    """RSS (MB: node + children, and the node alone), open fds and threads of the node."""
     import psutil
 
     proc = psutil.Process(pid)
@@ -163,7 +206,10 @@ def sample_process(pid: int) -> dict[str, float]:
             rss += p.memory_info().rss
         except psutil.Error:
             pass
-    return {"rss_mb": rss / 2**20, "fds": proc.num_fds(), "threads": proc.num_threads()}
+    node_rss = proc.memory_info().rss
+    return {"rss_mb": rss / 2**20, "rss_node_mb": node_rss / 2**20,
+            "rss_children_mb": (rss - node_rss) / 2**20, "fds": proc.num_fds(),
+            "threads": proc.num_threads()}
 
 
 def _window_median(samples: list[dict[str, Any]], key: str, t0: float, t1: float) -> float:
@@ -177,7 +223,8 @@ def windows(samples: list[dict[str, Any]], args: argparse.Namespace
 
     By default (as issue 24 defines growth) the first 10 % of the run is warm-up, the baseline
     is the next 10 % and the final window the last 10 %: growth = median(last 10 %) -
-    median(10-20 %). ``--warmup-s`` / ``--window-s`` override the two lengths.
+    median(10-20 %). ``--warmup-s`` / ``--window-s`` override the two lengths; warm-up lasts at
+    least until the node's frame history is full (``node_frames_stored`` at its maximum).
     """
     end = samples[-1]["t"] if samples else 0.0
     window = args.window_s if args.window_s else 0.1 * end
@@ -203,17 +250,22 @@ def evaluate(samples: list[dict[str, Any]], counts: dict[str, int], args: argpar
     """
     win = windows(samples, args)
     growth, warmup = {}, {}
-    for key in ("rss_mb", "fds", "threads"):
+    keys = ["rss_mb", "fds", "threads"]
+    keys += [k for k in ("rss_node_mb", "rss_children_mb") if samples and k in samples[0]]
+    for key in keys:
         base = _window_median(samples, key, *win["baseline"])
         growth[key] = _window_median(samples, key, *win["final"]) - base
         warmup[key] = base - samples[0][key] if samples else float("nan")
     span_h = (sum(win["final"]) - sum(win["baseline"])) / 2 / 3600
     rss_per_hour = growth["rss_mb"] / span_h if span_h > 0 else float("nan")
-    lost_goals = counts["goals_sent"] - counts["goal_results"]
+    not_sent = counts.get("goals_not_sent", 0)
+    lost_goals = counts["goals_sent"] - counts["goal_results"] - not_sent
     lost_periodic = max(0, counts["periodic_counted"] - counts["periodic_results"])
     failures = []
     if lost_goals:
         failures.append(f"{lost_goals} goals without a result")
+    if not_sent:
+        failures.append(f"{not_sent} goals not sent (the client found no action server)")
     if lost_periodic:
         failures.append(f"{lost_periodic} periodic runs not published")
     if not counts.get("periodic_count_exact", True):
@@ -229,7 +281,7 @@ def evaluate(samples: list[dict[str, Any]], counts: dict[str, int], args: argpar
         failures.append(f"open fds grew by {growth['fds']:.0f} > {args.max_fd_growth}")
     if growth["threads"] > args.max_thread_growth:
         failures.append(f"threads grew by {growth['threads']:.0f} > {args.max_thread_growth}")
-    return {"growth": growth, "warmup": warmup, "windows": win,
+    return {"growth": growth, "warmup": warmup, "windows": win, "goals_not_sent": not_sent,
             "rss_growth_mb_per_hour": rss_per_hour, "lost_goals": lost_goals,
             "lost_periodic": lost_periodic, "failures": failures, "passed": not failures}
 
@@ -333,7 +385,8 @@ def run(args: argparse.Namespace) -> int:
     threading.Thread(target=executor.spin, daemon=True).start()
     lock = threading.Lock()
     diag_seen = threading.Condition(lock)
-    counts = {"goals_sent": 0, "goal_results": 0, "goals_ok": 0, "periodic_results": 0,
+    counts = {"goals_sent": 0, "goal_results": 0, "goals_ok": 0, "goals_not_sent": 0,
+              "periodic_results": 0,
               "periodic_counted": 0, "frames_published": 0, "node_frames_received": 0,
               "node_frames_stored": 0}
     last_diag: dict[str, str] = {}
@@ -367,8 +420,7 @@ def run(args: argparse.Namespace) -> int:
         Image, "/image")
     camera = node.create_publisher(camera_type, camera_topic,
                                    camera_qos(args.camera_reliability, args.camera_depth))
-    probe = FrameProbe(camera_topic, camera_type,
-                       camera_qos(args.camera_reliability, args.node_qos_depth)) \
+    probe = FrameProbe(camera_topic, jpeg, args.camera_reliability, args.node_qos_depth) \
         if args.probe else None
     node_params = [f"image.qos_reliability:={args.camera_reliability}",
                    f"image.qos_depth:={args.node_qos_depth}",
@@ -401,8 +453,11 @@ def run(args: argparse.Namespace) -> int:
     if not pid:
         print("soak: --connect needs --node-pid to sample the node's resources")
         return give_up(2)
-    # The node's ~/results writer exists from its constructor on, long before the engine is
-    # up and the first periodic run starts, so by now the two have matched; say so if not.
+    # The node's ~/results writer exists from its constructor on, before the engine is up and
+    # the first periodic run starts, so with a local engine the two have matched long before.
+    match_deadline = time.monotonic() + 10.0
+    while results_sub.get_publisher_count() == 0 and time.monotonic() < match_deadline:
+        time.sleep(0.05)
     if results_sub.get_publisher_count() == 0:
         print("soak: warning: ~/results not matched at start; early periodic results may be "
               "missed", flush=True)
@@ -434,6 +489,13 @@ def run(args: argparse.Namespace) -> int:
             stop.wait(max(0.0, t0 + n / args.camera_hz - time.monotonic()))
 
     def on_done(future: Any, t_sent: float) -> None:
+        error = future.exception()
+        if error is not None:  # the client never sent it (no action server), or transport
+            with lock:
+                counts["goals_not_sent"] += 1
+                name = type(error).__name__
+                codes[name] = codes.get(name, 0) + 1
+            return
         result = future.result()
         with lock:
             counts["goal_results"] += 1
@@ -481,7 +543,7 @@ def run(args: argparse.Namespace) -> int:
     deadline = time.monotonic() + args.drain_s
     while time.monotonic() < deadline:
         with lock:
-            if counts["goal_results"] >= counts["goals_sent"]:
+            if counts["goal_results"] + counts["goals_not_sent"] >= counts["goals_sent"]:
                 break
         time.sleep(0.1)
     counted, exact = final_periodic_count(client, lock, diag_seen, last_diag, counts,
@@ -489,6 +551,7 @@ def run(args: argparse.Namespace) -> int:
     with lock:
         final = dict(counts)
     if probe is not None:
+        probe.close()  # the camera has stopped: its last line holds the final counts
         final.update(probe.counts())
     final["periodic_counted"] = counted - periodic_offset
     final["periodic_count_exact"] = exact
@@ -509,7 +572,8 @@ def run(args: argparse.Namespace) -> int:
     g = summary["growth"]
     print(f"soak: {'PASS' if summary['passed'] else 'FAIL'} duration_s={args.duration_s:.0f} "
           f"goals_sent={final['goals_sent']} goal_results={final['goal_results']} "
-          f"goals_ok={final['goals_ok']} codes={codes} "
+          f"goals_ok={final['goals_ok']} goals_not_sent={final['goals_not_sent']} "
+          f"codes={codes} "
           f"periodic_results={final['periodic_results']} "
           f"periodic_counted={final['periodic_counted']} "
           f"frames_published={final['frames_published']} "
@@ -520,13 +584,13 @@ def run(args: argparse.Namespace) -> int:
           f"rss_warmup_mb={summary['warmup']['rss_mb']:.1f} "
           f"rss_growth_mb={g['rss_mb']:.1f} "
           f"rss_growth_mb_per_hour={summary['rss_growth_mb_per_hour']:.1f} "
-          f"fd_growth={g['fds']:.0f} "
+          + (f"rss_growth_node_mb={g['rss_node_mb']:.1f} "
+             f"rss_growth_children_mb={g['rss_children_mb']:.1f} " if "rss_node_mb" in g else "")
+          + f"fd_growth={g['fds']:.0f} "
           f"thread_growth={g['threads']:.0f} goal_p50_s={report['goal_latency_s']['p50']:.3f} "
           f"out={out}" + (f" failures={summary['failures']}" if summary["failures"] else ""),
           flush=True)
     client.close()
-    if probe is not None:
-        probe.close()
     executor.shutdown()
     node.destroy_node()
     rclpy.try_shutdown()
@@ -595,6 +659,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Console script entry point."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["--as-probe"]:  # FrameProbe's child process
+        return probe_main(argv[1], argv[2], argv[3], int(argv[4]))
     return run(parse_args(argv))
 
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from cosmos_reason_ros.core.frames import FrameHistory
+from cosmos_reason_ros.core.frames import FrameHistory, StoredFrame
 from cosmos_reason_ros.core.imaging import ImageMessage
 from cosmos_reason_ros.core.lifting import (
     DEFAULT_SETTINGS,
@@ -78,26 +78,39 @@ class DepthLifter(Generic[P]):
         self.read_frame = read_frame
         self.camera_model = camera_model
 
+    def pick(self, colour_stamp_ns: int) -> StoredFrame[P] | None:
+        """Return the depth frame nearest the colour stamp within ``max_skew_s`` (or None).
+
+        Taken when the colour frame is chosen, before generation: a long generation would
+        otherwise outlast the depth history and lose the frame to eviction.
+        """
+        skew_ns = int(self.settings.max_skew_s * _NS)
+        candidates = self.history.frames_since(colour_stamp_ns - skew_ns,
+                                               colour_stamp_ns + skew_ns)
+        return min(candidates, key=lambda f: abs(f.stamp_ns - colour_stamp_ns), default=None)
+
     def lift(self, outcome: ReasonOutcome, colour_stamp_ns: int,
-             colour_size: tuple[int, int], colour_frame_id: str) -> Answer3D:
-        """Lift every box, point and trajectory of ``outcome``; never raises."""
+             colour_size: tuple[int, int], colour_frame_id: str,
+             frame: StoredFrame[P] | None = None) -> Answer3D:
+        """Lift every box, point and trajectory of ``outcome``; never raises.
+
+        ``frame`` is the depth frame :meth:`pick` chose with the colour frame; without one,
+        it is picked now (depth may arrive a little after its colour frame).
+        """
         if not (outcome.boxes or outcome.points or outcome.trajectories):
             return Answer3D(LiftCode.OFF, "nothing to lift", colour_frame_id)
         s = self.settings
         camera = self.camera_model()
         if camera is None:
             return Answer3D(LiftCode.NO_DEPTH, "no CameraInfo received yet", colour_frame_id)
-        skew_ns = int(s.max_skew_s * _NS)
-        candidates = self.history.frames_since(colour_stamp_ns - skew_ns,
-                                               colour_stamp_ns + skew_ns)
-        if not candidates:
+        frame = frame or self.pick(colour_stamp_ns)
+        if frame is None:
             latest = self.history.latest()
             nearest = "none received" if latest is None else \
                 f"newest is {(latest.stamp_ns - colour_stamp_ns) / _NS:+.3f} s from it"
             return Answer3D(LiftCode.NO_DEPTH, f"no depth frame within depth.max_skew_s="
                             f"{s.max_skew_s:g} s of the colour frame ({nearest})",
                             colour_frame_id)
-        frame = min(candidates, key=lambda f: abs(f.stamp_ns - colour_stamp_ns))
         try:
             depth = self.read_frame(frame.payload)
             scale = check_registration(colour_size, (depth.width, depth.height),

@@ -435,6 +435,7 @@ class GoalPipeline(Generic[P]):
             run.media = self.media_for(goal, accepted_ns, deadline, should_stop, on_stage)
             run.preprocess_s = time.monotonic() - t_media
             newest = run.media.stamps_ns[-1]
+            depth_frame = None if self.lifter is None else self.lifter.pick(newest)
             if self.prefill is not None:
                 cancel = self.prefill.make_way_for(newest)
                 if cancel is not None:
@@ -443,13 +444,13 @@ class GoalPipeline(Generic[P]):
                     self.prefill.goal_frame(newest)
             run.request = self.build_request(goal, run.media, priority)
             self._generate(run, goal, deadline, t_start, should_stop, on_stage, on_progress)
-            run.answer3d = self.lift(goal, run.media, run.outcome)
+            run.answer3d = self.lift(goal, run.media, run.outcome, depth_frame)
         except CosmosReasonError as e:
             run.error = e
         return run
 
-    def lift(self, goal: ValidGoal, media: Media, outcome: ReasonOutcome | None
-             ) -> Answer3D | None:
+    def lift(self, goal: ValidGoal, media: Media, outcome: ReasonOutcome | None,
+             depth_frame: StoredFrame[Any] | None = None) -> Answer3D | None:
         """Lift the outcome's items to 3D when depth is on (None when off)."""
         if self.lifter is None or outcome is None:
             return None
@@ -458,7 +459,7 @@ class GoalPipeline(Generic[P]):
         geometry = media.prepared.geometry
         answer = self.lifter.lift(outcome, media.stamps_ns[-1],
                                   (geometry.original_width, geometry.original_height),
-                                  media.frame_id)
+                                  media.frame_id, depth_frame)
         if self.to_target_frame is not None:
             answer = self.to_target_frame(answer, media.stamps_ns[-1])
         return answer

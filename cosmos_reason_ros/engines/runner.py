@@ -13,7 +13,6 @@ import asyncio
 import collections
 import concurrent.futures
 import logging
-import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -341,12 +340,6 @@ class EngineRunner:
     def _run_loop(self) -> None:
         loop = self._loop
         assert loop is not None
-        # SIGINT is for the thread that owns the runner. A terminal's Ctrl-C reaches its whole
-        # process group; the processes the engine starts from here (vLLM's engine core and
-        # workers) inherit this mask, so they leave the stop to their owner, which stops them
-        # in order, instead of each printing a KeyboardInterrupt traceback.
-        if hasattr(signal, "pthread_sigmask"):
-            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         asyncio.set_event_loop(loop)
         try:
             loop.run_forever()

@@ -21,6 +21,8 @@ import json
 import logging
 import os
 import re
+import signal
+import threading
 import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
@@ -233,6 +235,7 @@ class VllmLocalEngine(Engine):
             self._vllm = _import_vllm()
             args = self._build_engine_args()
             # Built on the loop thread: AsyncLLM's client starts tasks on the running loop.
+            _spawn_without_sigint()
             self._engine = self._vllm.AsyncLLM.from_engine_args(args)
             tokenizer = self._engine.get_tokenizer()
             if inspect.isawaitable(tokenizer):  # vLLM < 0.12 made this a coroutine
@@ -776,6 +779,27 @@ def _finish_reason(reason: str | None, rid: str) -> FinishReason:
         return FinishReason.CANCELLED
     # "error" (and anything newer): vLLM failed the request internally.
     raise EngineError(f"vllm finished request {rid!r} with finish_reason={reason!r}")
+
+
+def _spawn_without_sigint() -> None:
+    """Make the processes vLLM spawns from this thread next leave SIGINT to their owner.
+
+    A terminal's Ctrl-C reaches the whole foreground process group: vLLM's engine core and
+    workers each printed a KeyboardInterrupt traceback during start-up, or stopped on their
+    own while the owner still ended its requests. Children inherit the spawning thread's
+    signal mask, so SIGINT is blocked in this thread (the engine loop thread; never the main
+    thread, whose Ctrl-C the owner handles, stopping the engine in order). Multiprocessing's
+    resource tracker unblocks SIGINT and SIGTERM in the thread that starts it
+    (``resource_tracker.ensure_running``), which would be this one at vLLM's first spawn, so
+    it is started before the block.
+    """
+    if threading.current_thread() is threading.main_thread() \
+            or not hasattr(signal, "pthread_sigmask"):
+        return
+    from multiprocessing import resource_tracker
+
+    resource_tracker.ensure_running()
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
 
 
 def _shutdown_quietly(engine: Any, timeout_s: float | None) -> None:

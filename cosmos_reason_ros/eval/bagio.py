@@ -21,7 +21,7 @@ import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -105,7 +105,11 @@ def to_plain(msg: Any) -> Any:
 
 
 def from_plain(msgtype: str, plain: Mapping[str, Any] | None, store: Any = None) -> Any:
-    """Build a rosbags message of ``msgtype`` from its plain form (missing fields = zero)."""
+    """Build a rosbags message of ``msgtype`` from its plain form.
+
+    Missing fields are zero, as in a freshly made ROS message (so a result built here equals
+    the node's, e.g. a box's unfilled ``position_3d``); a float given as ``None`` is NaN.
+    """
     store = store or typestore()
     plain = plain or {}
     try:
@@ -116,16 +120,24 @@ def from_plain(msgtype: str, plain: Mapping[str, Any] | None, store: Any = None)
     unknown = set(plain) - {name for name, _ in fields}
     if unknown:
         raise BagError(f"{msgtype}: unknown field(s) {', '.join(sorted(unknown))}")
-    return cls(**{name: _value(store, node, plain.get(name)) for name, node in fields})
+    return cls(**{name: _value(store, node, plain.get(name, _MISSING))
+                  for name, node in fields})
+
+
+_MISSING = object()  # a field the plain form leaves out: zero, not NaN
 
 
 def _value(store: Any, node: tuple[Any, Any], value: Any) -> Any:
     kind, detail = node
     kind_name = getattr(kind, "name", str(kind))
     if kind_name == "BASE":
+        if value is _MISSING:
+            return "" if detail[0] in ("string", "wstring") else _base(detail[0], 0)
         return _base(detail[0], value)
     if kind_name == "NAME":
-        return from_plain(detail, value, store)
+        return from_plain(detail, None if value is _MISSING else value, store)
+    if value is _MISSING:
+        value = None
     (sub_kind, sub_detail), _count = detail
     if getattr(sub_kind, "name", "") == "BASE" and sub_detail[0] in _NUMPY_DTYPES:
         dtype = _NUMPY_DTYPES[sub_detail[0]]
@@ -206,8 +218,28 @@ def bag_info(path: str | Path) -> BagInfo:
     return BagInfo(str(path), storage_of(path), topics, counts, int(start), int(end))
 
 
+def image_encoding(path: str | Path, topic: str) -> str:
+    """Return the ``encoding`` of an Image topic's first message (empty when it has none)."""
+    stream = messages(path, [topic])
+    try:
+        first = next(stream, None)
+    finally:
+        stream.close()
+    return "" if first is None else str(typestore().deserialize_cdr(first[3], first[1]).encoding)
+
+
+def _is_depth(info: BagInfo, topic: str) -> bool:
+    from cosmos_reason_ros.core.rgbd import DEPTH_ENCODINGS
+
+    return image_encoding(info.path, topic).upper() in DEPTH_ENCODINGS
+
+
 def pick_image_topic(info: BagInfo, requested: str = "") -> str:
-    """Return ``requested`` if given, else the bag's only Image (or CompressedImage) topic."""
+    """Return ``requested`` if given, else the bag's only colour Image (or CompressedImage) topic.
+
+    Depth images (16UC1, 32FC1) are not colour: a bag with one camera and its registered
+    depth has one colour topic.
+    """
     images = {t: m for t, m in info.topics.items() if m in (IMAGE_TYPE, COMPRESSED_TYPE)}
     if requested:
         if requested not in images:
@@ -215,6 +247,9 @@ def pick_image_topic(info: BagInfo, requested: str = "") -> str:
             raise BagError(f"image topic {requested!r} is not an image topic of "
                            f"{info.path!r}; image topics: {listed}")
         return requested
+    raw = [t for t, m in images.items() if m == IMAGE_TYPE]
+    if len(raw) > 1:  # reading encodings costs a message each: only when it decides
+        images = {t: m for t, m in images.items() if t not in raw or not _is_depth(info, t)}
     for kind in (IMAGE_TYPE, COMPRESSED_TYPE):
         found = sorted(t for t, m in images.items() if m == kind)
         if len(found) == 1:
@@ -223,6 +258,40 @@ def pick_image_topic(info: BagInfo, requested: str = "") -> str:
             raise BagError(f"{info.path!r} has several {kind} topics ({', '.join(found)}); "
                            f"choose one with --image-topic")
     raise BagError(f"{info.path!r} has no sensor_msgs Image or CompressedImage topic")
+
+
+def pick_depth_topics(info: BagInfo, depth_topic: str = "", camera_info_topic: str = ""
+                      ) -> tuple[str, str]:
+    """Return the bag's depth Image topic and CameraInfo topic (the requested ones if given).
+
+    Without a request: the only Image topic whose encoding is a depth encoding (16UC1,
+    32FC1), and the only CameraInfo topic. ``BagError`` says what is missing or ambiguous.
+    """
+    if depth_topic:
+        if info.topics.get(depth_topic) != IMAGE_TYPE:
+            has = info.topics.get(depth_topic, "no such topic")
+            raise BagError(f"depth topic {depth_topic!r} is not a {IMAGE_TYPE} topic of "
+                           f"{info.path!r} ({has})")
+    else:
+        found = sorted(t for t, m in info.topics.items()
+                       if m == IMAGE_TYPE and _is_depth(info, t))
+        if len(found) != 1:
+            raise BagError(f"{info.path!r} has {len(found)} depth image topics (16UC1/32FC1)"
+                           + (f" ({', '.join(found)})" if found else "")
+                           + ": choose one with --depth-topic")
+        depth_topic = found[0]
+    if camera_info_topic:
+        if info.topics.get(camera_info_topic) != CAMERA_INFO_TYPE:
+            raise BagError(f"camera_info topic {camera_info_topic!r} is not a "
+                           f"{CAMERA_INFO_TYPE} topic of {info.path!r}")
+    else:
+        found = sorted(t for t, m in info.topics.items() if m == CAMERA_INFO_TYPE)
+        if len(found) != 1:
+            raise BagError(f"{info.path!r} has {len(found)} CameraInfo topics"
+                           + (f" ({', '.join(found)})" if found else "")
+                           + ": choose one with --camera-info-topic")
+        camera_info_topic = found[0]
+    return depth_topic, camera_info_topic
 
 
 def messages(path: str | Path, topics: Sequence[str]) -> Iterator[tuple[str, str, int, bytes]]:
@@ -249,7 +318,43 @@ def decode_image(msg: Any, msgtype: str, max_pixels: int = 50_000_000,
                                 msg.step, msg.data, max_pixels=max_pixels, size=size)
 
 
-GroundTruth = dict[int, dict[str, tuple[float, float, float, float]]]
+BoxTuple = tuple[float, float, float, float]
+Vec3 = tuple[float, float, float]
+GroundTruth = dict[int, dict[str, BoxTuple]]
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Truth3D:
+    """3D ground truth of one frame: object centres (metres) in the optical frame ``frame_id``."""
+
+    frame_id: str
+    centers: dict[str, Vec3]
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain form for the replay's records."""
+        return {"frame_id": self.frame_id,
+                "centers": {k: list(v) for k, v in self.centers.items()}}
+
+
+GroundTruth3D = dict[int, Truth3D]
+
+
+def _truth_docs(path: str | Path, topic: str) -> Iterator[dict[str, Any]]:
+    info = bag_info(path)
+    if info.topics.get(topic) != STRING_TYPE:
+        return
+    store = typestore()
+    for _topic, msgtype, _t, data in messages(path, [topic]):
+        try:
+            doc = json.loads(store.deserialize_cdr(data, msgtype).data)
+        except ValueError as e:
+            raise BagError(f"{str(path)!r} {topic}: a ground-truth message is not JSON "
+                           f"({e})") from e
+        if not isinstance(doc, dict):
+            raise BagError(f"{str(path)!r} {topic}: a ground-truth message is not a JSON "
+                           f"object")
+        yield doc
 
 
 def load_ground_truth(path: str | Path, topic: str) -> GroundTruth:
@@ -257,14 +362,9 @@ def load_ground_truth(path: str | Path, topic: str) -> GroundTruth:
 
     Each message: ``{"stamp_ns": int, "objects": [{"label": str, "box": [x0, y0, x1, y1]}]}``.
     """
-    info = bag_info(path)
-    if info.topics.get(topic) != STRING_TYPE:
-        return {}
-    store = typestore()
     truth: GroundTruth = {}
-    for _topic, msgtype, _t, data in messages(path, [topic]):
+    for doc in _truth_docs(path, topic):
         try:
-            doc = json.loads(store.deserialize_cdr(data, msgtype).data)
             truth[int(doc["stamp_ns"])] = {str(o["label"]): tuple(float(v) for v in o["box"])
                                            for o in doc["objects"]}
         except (ValueError, KeyError, TypeError) as e:
@@ -273,8 +373,33 @@ def load_ground_truth(path: str | Path, topic: str) -> GroundTruth:
     return truth
 
 
-def truth_at(truth: GroundTruth, stamp_ns: int, tolerance_ns: int = 20_000_000
-             ) -> dict[str, tuple[float, float, float, float]] | None:
+def load_ground_truth_3d(path: str | Path, topic: str) -> GroundTruth3D:
+    """3D ground truth per frame stamp from the same topic (``{}`` when it has none).
+
+    Objects with ``"center_3d": [x, y, z]`` (metres, in the optical frame of the message's
+    ``frame_id``) are read; frames without any are left out.
+    """
+    truth: GroundTruth3D = {}
+    for doc in _truth_docs(path, topic):
+        try:
+            centers = {str(o["label"]): _vec3(o["center_3d"]) for o in doc["objects"]
+                       if o.get("center_3d") is not None}
+            if centers:
+                truth[int(doc["stamp_ns"])] = Truth3D(str(doc.get("frame_id", "")), centers)
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise BagError(f"{str(path)!r} {topic}: a ground-truth message is not "
+                           f"{{stamp_ns, frame_id, objects: [{{label, center_3d: [x, y, z]}}]}} "
+                           f"JSON ({e})") from e
+    return truth
+
+
+def _vec3(values: Any) -> Vec3:
+    x, y, z = (float(v) for v in values)
+    return x, y, z
+
+
+def truth_at(truth: Mapping[int, T], stamp_ns: int, tolerance_ns: int = 20_000_000
+             ) -> T | None:
     """Ground truth of the frame stamped ``stamp_ns`` (nearest within ``tolerance_ns``)."""
     if not truth:
         return None

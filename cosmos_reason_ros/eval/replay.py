@@ -6,6 +6,8 @@
     replay BAG --scenario S.yaml --out DIR --rate max      # as fast as the node keeps up
     # offline: the same requests straight to an engine, no ROS (quick prompt iteration)
     replay BAG --scenario S.yaml --out DIR --mode offline --preset cpu_demo --model /models/m
+    # offline with 3D: the bag's registered depth + CameraInfo lift answers as the node would
+    replay BAG --scenario S.yaml --out DIR --mode offline --model M --param depth.enabled:=true
 
 Node mode publishes the bag's messages (sqlite3 or mcap, read with ``rosbags``) under their
 recorded topic names (``--remap FROM:=TO`` to rename) with ``/clock`` following the bag time,
@@ -15,7 +17,16 @@ before the stream moves on, so every query sees the frame at its scheduled time.
 
 Offline mode builds the very requests the node builds (``core.query``: same resize, prompts,
 schema and sampling) from the bag's frames at each query time and runs them on an engine
-made from a config preset.
+made from a config preset. With ``depth.enabled`` in the preset (or ``--param
+depth.enabled:=true``) it also reads the bag's registered depth and CameraInfo topics (the
+only 16UC1/32FC1 Image and CameraInfo topics, or ``--depth-topic`` / ``--camera-info-topic``)
+and lifts answers to 3D as the node does (``core/answer3d.py``), so results carry
+``position_3d``, ``lift_code`` and ``depth_stamp``. The bag's clock stands still at a query's
+time while it runs: only messages recorded by then are used, so a depth frame recorded later
+than its colour frame's query (late depth) is not (the node lifts after generating and may
+also use depth that arrived meanwhile; offline results do not depend on the engine's speed).
+Through the node, start the node with depth on and its ``depth/image`` and ``camera_info``
+remapped to the bag's topics (``tools/demo.py`` does).
 
 Outputs in ``--out``: ``results.jsonl`` (one line per query: the ``ReasoningResult`` in plain
 form, the status and the scores), ``results_bag/`` (the same ``ReasoningResult`` messages,
@@ -41,6 +52,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cosmos_reason_ros.core.answer3d import Answer3D, DepthLifter, LiftCode
+from cosmos_reason_ros.core.lifting import Lifted
+from cosmos_reason_ros.core.rgbd import CameraModel
 from cosmos_reason_ros.core.types import CosmosReasonError, ErrorCode, FinishReason
 from cosmos_reason_ros.eval import bagio, report, scoring
 from cosmos_reason_ros.eval.scenario import (
@@ -87,6 +101,9 @@ class ReplayConfig:
     settle_s: float = 0.2  # --rate max: let the last frame arrive before a goal
     progress: bool = True
     report_frames: int = 200  # annotated frames written at most
+    params: dict[str, Any] = field(default_factory=dict)  # offline: overrides the preset's
+    depth_topic: str = ""  # offline with depth: the bag's depth topic (default: the only one)
+    camera_info_topic: str = ""  # offline with depth: default the bag's only CameraInfo topic
 
 
 @dataclass
@@ -131,9 +148,10 @@ class Recorder:
     """Turns results into records (scored), writes the JSONL file and the results bag."""
 
     def __init__(self, cfg: ReplayConfig, scenario: Scenario, info: bagio.BagInfo,
-                 truth: bagio.GroundTruth) -> None:
+                 truth: bagio.GroundTruth, truth_3d: bagio.GroundTruth3D | None = None) -> None:
         """Open the outputs (``cfg.out`` must not hold a previous run's results bag)."""
         self.cfg, self.scenario, self.info, self.truth = cfg, scenario, info, truth
+        self.truth_3d = truth_3d or {}
         cfg.out.mkdir(parents=True, exist_ok=True)
         self.jsonl_path = cfg.out / "results.jsonl"
         self.bag_path = cfg.out / "results_bag"
@@ -153,13 +171,15 @@ class Recorder:
         result, cdr = bagio.canonical_result(plain)
         stamp = _plain_ns(result["header"]["stamp"])
         truth = bagio.truth_at(self.truth, stamp) if stamp else None
-        scores = scoring.score_result(item.query.expect, result, truth)
+        truth_3d = bagio.truth_at(self.truth_3d, stamp) if stamp else None
+        scores = scoring.score_result(item.query.expect, result, truth, truth_3d)
         scheduled_ns = self.info.start_ns + int(round(item.t_s * NS))
         record = {
             "query": item.query.name, "occurrence": item.occurrence, "t_s": item.t_s,
             "mode": self.cfg.mode, "status": status,
             "frame_offset_s": (stamp - scheduled_ns) / NS if stamp else None,
             "ground_truth": {k: list(v) for k, v in truth.items()} if truth else None,
+            "ground_truth_3d": truth_3d.to_dict() if truth_3d else None,
             "scores": [s.to_dict() for s in scores], "result": result,
         }
         record["regression"] = scoring.is_regression(record, self.scenario.fail_on_error)
@@ -412,7 +432,11 @@ class OfflineRunner:
     """Answers scheduled queries from the bag's frames with an engine, as the node would."""
 
     def __init__(self, cfg: ReplayConfig, engine: Any = None) -> None:
-        """Load the preset (the node's parameter table) and start its engine (or ``engine``)."""
+        """Load the preset (the node's parameter table) and start its engine (or ``engine``).
+
+        ``cfg.params`` override the preset's parameters (e.g. ``depth.enabled``). With depth
+        on, the bag's depth and CameraInfo topics are chosen before the engine starts.
+        """
         from cosmos_reason_ros.core.models import detect_profile
         from cosmos_reason_ros.engines.factory import create_engine
         from cosmos_reason_ros.engines.runner import EngineRunner
@@ -425,6 +449,7 @@ class OfflineRunner:
 
         try:
             values = load_yaml_params(str(_preset_path(cfg.preset)))
+            values.update(cfg.params)
             if cfg.model:
                 values["engine.model"] = cfg.model
             p = self.params = validate(values)
@@ -432,7 +457,17 @@ class OfflineRunner:
                                           None if p["model.family"] == "auto"
                                           else p["model.family"])
         except (ConfigError, CosmosReasonError) as e:
-            raise ReplayError(f"--preset/--model: {e}", EXIT_BAD_INPUT) from e
+            raise ReplayError(f"--preset/--model/--param: {e}", EXIT_BAD_INPUT) from e
+        self.depth_topics: tuple[str, str] | None = None
+        if p["depth.enabled"]:
+            try:
+                self.depth_topics = bagio.pick_depth_topics(
+                    bagio.bag_info(cfg.bag), cfg.depth_topic, cfg.camera_info_topic)
+            except bagio.BagError as e:
+                raise ReplayError(f"depth.enabled: {e}", EXIT_BAD_INPUT) from e
+            if p["depth.target_frame"]:
+                _LOG.warning("depth.target_frame=%s is ignored offline (no tf): positions stay "
+                             "in the camera's optical frame", p["depth.target_frame"])
         self.runner = EngineRunner(engine or create_engine(p["engine.kind"], engine_options(p)))
         try:
             self.runner.start(timeout_s=p["engine.start_timeout_s"])
@@ -448,8 +483,9 @@ class OfflineRunner:
             recorder: Recorder, tick: Callable[[], None]) -> None:
         """Step through the bag's frames and answer each query at its time, as the node would.
 
-        Frames are stored serialized, as the node stores them, in a history whose clock is the
-        query's bag time; the node's goal pipeline chooses, decodes and asks.
+        Frames (and depth frames) are stored serialized, as the node stores them, in histories
+        whose clock is the query's bag time; the latest CameraInfo is kept as the camera
+        model; the node's goal pipeline chooses, decodes, asks and lifts.
         """
         from cosmos_reason_ros.core.frames import FrameHistory
         from cosmos_reason_ros.core.pipeline import GoalPipeline, Settings
@@ -460,26 +496,57 @@ class OfflineRunner:
         history: FrameHistory[tuple[bool, bytes]] = FrameHistory(
             max_frames=p["image.history_frames"], max_bytes=int(p["image.history_mb"] * 2**20),
             clock=lambda: now[0])
-        self.pipeline = GoalPipeline(Settings.from_params(p, self.profile), self.runner,
-                                     history, read_stored_frame, lambda: now[0],
-                                     source_name=image_topic)
-        frames: Iterator[tuple[str, str, int, bytes]] = bagio.messages(info.path, [image_topic])
-        ahead = next(frames, None)
+        settings = Settings.from_params(p, self.profile)
+        depth_history: FrameHistory[tuple[bool, bytes]] | None = None
+        camera = _CameraInfoReader(p["depth.rectified"])
+        lifter = None
+        topics = [image_topic]
+        depth_topic = ""
+        if self.depth_topics is not None and settings.depth is not None:
+            depth_topic = self.depth_topics[0]
+            if image_topic in self.depth_topics:
+                raise ReplayError(f"the image topic {image_topic} is also the depth or "
+                                  f"camera_info topic", EXIT_BAD_INPUT)
+            depth_history = FrameHistory(max_frames=p["depth.history_frames"],
+                                         clock=lambda: now[0])
+            lifter = DepthLifter(settings.depth, depth_history, read_stored_frame,
+                                 camera.model)
+            topics += list(self.depth_topics)
+        self.pipeline = GoalPipeline(settings, self.runner, history, read_stored_frame,
+                                     lambda: now[0], source_name=image_topic, lifter=lifter)
+        stream: Iterator[tuple[str, str, int, bytes]] = bagio.messages(info.path, topics)
+        ahead = next(stream, None)
 
-        def store(frame: tuple[str, str, int, bytes]) -> None:
-            _topic, msgtype, t_recv, data = frame
-            history.append((msgtype == bagio.COMPRESSED_TYPE, data),
-                           header_stamp_ns(data) or t_recv, nbytes=len(data), received_ns=t_recv)
+        def store() -> tuple[str, int]:
+            """Store the message ahead; return its topic and receipt time, and step on."""
+            nonlocal ahead
+            assert ahead is not None
+            topic, msgtype, t_recv, data = ahead
+            ahead = next(stream, None)
+            if topic == image_topic:
+                history.append((msgtype == bagio.COMPRESSED_TYPE, data),
+                               header_stamp_ns(data) or t_recv, nbytes=len(data),
+                               received_ns=t_recv)
+            elif topic == depth_topic and depth_history is not None:
+                depth_history.append((False, data), header_stamp_ns(data) or t_recv,
+                                     nbytes=len(data), received_ns=t_recv)
+            elif msgtype == bagio.CAMERA_INFO_TYPE:
+                camera.update(data, msgtype)
+            return topic, t_recv
 
         for item in schedule:
             t_ns = info.start_ns + int(round(item.t_s * NS))
             now[0] = t_ns
             while ahead is not None and ahead[2] <= t_ns:
-                store(ahead)
-                ahead = next(frames, None)
-            if item.query.goal.source == "next" and ahead is not None:
-                store(ahead)  # the frame that arrives after the goal
-                ahead = next(frames, None)
+                store()
+            if item.query.goal.source == "next":
+                # The colour frame that arrives after the goal, and whatever arrived with it.
+                while ahead is not None:
+                    topic, t_recv = store()
+                    if topic == image_topic:
+                        while ahead is not None and ahead[2] <= t_recv:
+                            store()
+                        break
             status, plain = self.answer(item, t_ns)
             recorder.add(item, status, plain)
             tick()
@@ -512,7 +579,7 @@ class OfflineRunner:
             return "aborted", plain
         assert run.media is not None and run.outcome is not None
         plain = outcome_plain(run.outcome, run.media.prepared.geometry, run.media.stamps_ns,
-                              run.media.clip_start_ns)
+                              run.media.clip_start_ns, run.answer3d)
         plain.update(header=header, goal_id=uuid.uuid4().hex, origin="goal",
                      model=self.runner.model_name, task=valid.spec.task.value, prompt=g.prompt,
                      preprocess_s=run.preprocess_s,
@@ -521,16 +588,68 @@ class OfflineRunner:
         return "succeeded", plain
 
 
+class _CameraInfoReader:
+    """The latest CameraInfo of the bag as a ``CameraModel``, read as the node reads it."""
+
+    def __init__(self, rectified: bool) -> None:
+        self.rectified = rectified
+        self._model: CameraModel | None = None
+        self._warned: set[str] = set()
+
+    def model(self) -> CameraModel | None:
+        """Return the latest camera model (None before a usable CameraInfo)."""
+        return self._model
+
+    def update(self, data: bytes, msgtype: str) -> None:
+        """Read one serialized CameraInfo; a bad one is ignored with a warning, as the node does."""
+        msg = bagio.typestore().deserialize_cdr(data, msgtype)
+        try:
+            model = CameraModel.from_camera_info_fields(
+                msg.k, msg.d, msg.width, msg.height, msg.header.frame_id, msg.distortion_model,
+                msg.p, rectified=self.rectified)
+        except CosmosReasonError as e:
+            self._warn_once("bad", f"camera_info ignored: {e.message}")
+            return
+        if model.has_distortion:
+            self._warn_once("distortion", "camera_info has non-zero distortion and "
+                            "depth.rectified is false: 3D positions assume a rectified colour "
+                            "image")
+        self._model = model
+
+    def _warn_once(self, key: str, message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            _LOG.warning(message)
+
+
+def _position_plain(lifted: Lifted) -> dict[str, Any]:
+    """Return a ``Position3D`` in plain form (NaN as None), as ``messages.fill_3d`` fills it."""
+    def num(v: float) -> float | None:
+        return None if math.isnan(v) else float(v)
+
+    x, y, z = lifted.position
+    sx, sy, sz = lifted.size
+    return {"valid": bool(lifted.valid), "position": {"x": num(x), "y": num(y), "z": num(z)},
+            "size": {"x": num(sx), "y": num(sy), "z": num(sz)},
+            "depth_pixels": int(lifted.used_pixels), "status": lifted.reason}
+
+
 def outcome_plain(outcome: Any, geometry: Any, stamps_ns: list[int],
-                  clip_start_ns: int | None) -> dict[str, Any]:
-    """Return the plain ``ReasoningResult`` fields of an outcome (the node's ``fill_outcome``)."""
+                  clip_start_ns: int | None, answer3d: Answer3D | None = None
+                  ) -> dict[str, Any]:
+    """Return the plain ``ReasoningResult`` fields of an outcome (the node's ``fill_outcome``).
+
+    With ``answer3d`` the 3D fields too, as ``fill_3d`` fills them: ``lift_code``,
+    ``lift_message``, ``frame_3d``, ``depth_stamp``, and each box's, point's and waypoint's
+    ``position_3d`` when lifting went ahead.
+    """
     parsed = outcome.parsed
 
     def point(pt: Any) -> dict[str, Any]:
         return {"label": pt.label, "x": float(pt.x), "y": float(pt.y)}
 
     start = clip_start_ns or 0
-    return {
+    plain = {
         "frame_stamps": [_stamp_plain(s) for s in stamps_ns],
         "raw_text": parsed.raw_text, "reasoning": parsed.reasoning, "answer": parsed.answer,
         "answer_json": parsed.answer_json or "",
@@ -551,6 +670,24 @@ def outcome_plain(outcome: Any, geometry: Any, stamps_ns: list[int],
         "cached_prompt_tokens": outcome.tokens.cached_prompt,
         "finish_reason": outcome.finish_reason.value, "error_code": int(ErrorCode.OK),
     }
+    if answer3d is not None:
+        _plain_3d(plain, answer3d)
+    return plain
+
+
+def _plain_3d(plain: dict[str, Any], answer: Answer3D) -> None:
+    """Add an ``Answer3D`` to a plain result, as ``ros/messages.fill_3d`` does to a message."""
+    plain.update(lift_code=int(answer.code), lift_message=answer.message,
+                 frame_3d=answer.frame_id, depth_stamp=_stamp_plain(answer.depth_stamp_ns))
+    if answer.code not in (LiftCode.OK, LiftCode.TF_FAILED):
+        return
+    for box, lifted in zip(plain["boxes"], answer.boxes, strict=True):
+        box["position_3d"] = _position_plain(lifted)
+    for pt, lifted in zip(plain["points"], answer.points, strict=True):
+        pt["position_3d"] = _position_plain(lifted)
+    for trajectory, waypoints in zip(plain["trajectories"], answer.trajectories, strict=True):
+        for pt, lifted in zip(trajectory["points"], waypoints, strict=True):
+            pt["position_3d"] = _position_plain(lifted)
 
 
 # --- the run -----------------------------------------------------------------------------------
@@ -579,18 +716,26 @@ def write_frames(cfg: ReplayConfig, info: bagio.BagInfo, image_topic: str,
     return written
 
 
-def run_replay(cfg: ReplayConfig) -> ReplayRun:
-    """Replay ``cfg.bag`` against ``cfg.scenario``; raise ``ReplayError`` if it cannot run."""
+def run_replay(cfg: ReplayConfig, engine: Any = None) -> ReplayRun:
+    """Replay ``cfg.bag`` against ``cfg.scenario``; raise ``ReplayError`` if it cannot run.
+
+    ``engine``: offline, an ``engines.base.Engine`` to use instead of the preset's.
+    """
     try:
         scenario = load_scenario(cfg.scenario)
         info = bagio.bag_info(cfg.bag)
         image_topic = bagio.pick_image_topic(info, cfg.image_topic or scenario.image_topic)
         schedule = build_schedule(scenario, info.duration_s)
         truth = bagio.load_ground_truth(cfg.bag, scenario.ground_truth_topic)
+        truth_3d = bagio.load_ground_truth_3d(cfg.bag, scenario.ground_truth_topic)
     except (ScenarioError, bagio.BagError) as e:
         raise ReplayError(str(e), EXIT_BAD_INPUT) from e
-    offline = OfflineRunner(cfg) if cfg.mode == "offline" else None
-    recorder = Recorder(cfg, scenario, info, truth)
+    if cfg.mode != "offline" and (cfg.params or cfg.depth_topic or cfg.camera_info_topic):
+        raise ReplayError("--param, --depth-topic and --camera-info-topic are for --mode "
+                          "offline; through the node, set its parameters and remaps",
+                          EXIT_BAD_INPUT)
+    offline = OfflineRunner(cfg, engine) if cfg.mode == "offline" else None
+    recorder = Recorder(cfg, scenario, info, truth, truth_3d)
     bar = _progress(len(schedule), cfg.progress)
     try:
         if offline is not None:
@@ -662,6 +807,19 @@ def _remap(text: str) -> tuple[str, str]:
     return src, dst
 
 
+def _param(text: str) -> tuple[str, Any]:
+    """``--param NAME:=VALUE``: the value read as YAML, as ``ros2 run ... -p`` reads it."""
+    import yaml
+
+    name, sep, value = text.partition(":=")
+    if not sep or not name.strip():
+        raise argparse.ArgumentTypeError(f"--param {text!r}: expected NAME:=VALUE")
+    try:
+        return name.strip(), yaml.safe_load(value) if value.strip() else ""
+    except yaml.YAMLError as e:
+        raise argparse.ArgumentTypeError(f"--param {text!r}: value is not YAML ({e})") from e
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Build the command line parser."""
     ap = argparse.ArgumentParser(prog="replay", description=__doc__,
@@ -680,6 +838,13 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--preset", default="cpu_demo", help="offline: config preset (name or "
                     "path)")
     ap.add_argument("--model", default="", help="offline: checkpoint (overrides the preset)")
+    ap.add_argument("--param", type=_param, action="append", default=[],
+                    help="offline: a node parameter over the preset's, NAME:=VALUE (repeatable),"
+                    " e.g. depth.enabled:=true to lift answers to 3D")
+    ap.add_argument("--depth-topic", default="", help="offline with depth: the bag's registered "
+                    "depth topic (default: its only 16UC1/32FC1 Image topic)")
+    ap.add_argument("--camera-info-topic", default="", help="offline with depth: the bag's "
+                    "colour CameraInfo topic (default: its only CameraInfo topic)")
     ap.add_argument("--results-storage", choices=bagio.STORAGES, default="",
                     help="results bag storage (default: the input bag's)")
     ap.add_argument("--goal-timeout", type=float, default=300.0,
@@ -695,7 +860,8 @@ def config_from_args(args: argparse.Namespace) -> ReplayConfig:
     return ReplayConfig(
         bag=args.bag, scenario=args.scenario, out=args.out, mode=args.mode, rate=args.rate,
         image_topic=args.image_topic, node_name=args.node_name.strip("/"),
-        remaps=dict(args.remap), preset=args.preset, model=args.model,
+        remaps=dict(args.remap), preset=args.preset, model=args.model, params=dict(args.param),
+        depth_topic=args.depth_topic, camera_info_topic=args.camera_info_topic,
         results_storage=args.results_storage, goal_timeout_s=args.goal_timeout,
         connect_timeout_s=args.connect_timeout, progress=not args.no_progress)
 

@@ -1,7 +1,9 @@
 """The replay report: one HTML page, a latency histogram and annotated frames (PNG).
 
 The page has a summary table and, per query, the annotated frame, the answer, the reasoning
-and the scores.
+and the scores. Geometry scores get their own column: the best IoU of each ``box_iou`` and
+the 3D error (metres) of each ``position_error``; with depth, each box lists its lifted 3D
+position and the result its lift code.
 
 Inputs are the replay's records (the same dicts as its JSONL lines). Frames are drawn with
 ``core.annotate`` (the node's own ``~/annotated_image`` drawing): the model's boxes, points
@@ -26,6 +28,7 @@ from cosmos_reason_ros.core.types import ErrorCode
 
 FRAMES_DIR = "frames"
 MAX_TEXT = 4000  # characters of answer/reasoning shown per query
+LIFT_NAMES = ("LIFT_OFF", "LIFT_OK", "LIFT_NO_DEPTH", "LIFT_BAD_DEPTH", "LIFT_TF_FAILED")
 
 
 def _ns(obj: Any) -> Any:
@@ -101,6 +104,43 @@ def _e(text: Any) -> str:
     return html.escape(str(text))
 
 
+def geometry_scores(record: Mapping[str, Any]) -> str:
+    """Return the record's IoU and 3D-error figures, e.g. ``red box: IoU 0.41, 0.027 m``."""
+    parts: dict[str, list[str]] = {}
+    for s in record.get("scores", ()):
+        value = s.get("value")
+        if s["kind"] == "box_iou":
+            shown = "IoU n/a" if value is None else f"IoU {value:.2f}"
+        elif s["kind"] == "position_error":
+            shown = "3D n/a" if value is None else f"{value:.3f} m"
+        else:
+            continue
+        parts.setdefault(s.get("label") or "?", []).append(shown)
+    return "; ".join(f"{label}: {', '.join(v)}" for label, v in parts.items())
+
+
+def position_errors(records: Sequence[Mapping[str, Any]]) -> list[float]:
+    """Every 3D error (metres) that the records' ``position_error`` scores measured."""
+    return [s["value"] for r in records for s in r.get("scores", ())
+            if s["kind"] == "position_error" and s.get("value") is not None]
+
+
+def _lift_name(code: int) -> str:
+    return LIFT_NAMES[code] if 0 <= code < len(LIFT_NAMES) else str(code)
+
+
+def _box_line(b: Mapping[str, Any]) -> str:
+    text = (f"{_e(b['label'])}: ({b['x_min']:.0f}, {b['y_min']:.0f}) - "
+            f"({b['x_max']:.0f}, {b['y_max']:.0f})")
+    p3 = b.get("position_3d") or {}
+    pos = p3.get("position") or {}
+    if p3.get("valid") and None not in (pos.get("x"), pos.get("y"), pos.get("z")):
+        text += f" &rarr; 3D ({pos['x']:.3f}, {pos['y']:.3f}, {pos['z']:.3f}) m"
+    elif p3.get("status"):
+        text += f" &rarr; no 3D: {_e(p3['status'])}"
+    return f"<li>{text}</li>"
+
+
 def _clip(text: str) -> str:
     return text if len(text) <= MAX_TEXT else text[:MAX_TEXT] + " [...]"
 
@@ -117,13 +157,17 @@ def write_report(out_dir: Path, records: Sequence[Mapping[str, Any]],
     ok = [r["result"] for r in records if r["result"].get("error_code") == ErrorCode.OK]
     totals = [r["total_s"] for r in ok]
     ttfts = [r["time_to_first_token_s"] for r in ok]
+    errors_3d = position_errors(records)
     verdict = "PASS" if summary.get("ok") else "REGRESSION"
     rows = "".join(f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in (
         *meta.items(), *((k, v) for k, v in summary.items() if k != "ok"),
         ("total p50 / p95 (ms)", f"{1000 * percentile(totals, 50):.0f} / "
                                  f"{1000 * percentile(totals, 95):.0f}"),
         ("ttft p50 / p95 (ms)", f"{1000 * percentile(ttfts, 50):.0f} / "
-                                f"{1000 * percentile(ttfts, 95):.0f}")))
+                                f"{1000 * percentile(ttfts, 95):.0f}"),
+        *((("3D error p50 / max (m)", f"{percentile(errors_3d, 50):.3f} / "
+                                      f"{max(errors_3d):.3f} over {len(errors_3d)}"),)
+          if errors_3d else ())))
     table = []
     for i, r in enumerate(records):
         res = r["result"]
@@ -135,7 +179,8 @@ def write_report(out_dir: Path, records: Sequence[Mapping[str, Any]],
         table.append(f"<tr{cls}><td><a href='#q{i}'>{_e(r['query'])}#{r['occurrence']}</a></td>"
                      f"<td>{r['t_s']:.2f}</td><td>{_e(status)}</td>"
                      f"<td>{_e(res.get('answer', '')[:80])}</td>"
-                     f"<td>{1000 * res.get('total_s', 0.0):.0f}</td><td>{_e(scores)}</td></tr>")
+                     f"<td>{1000 * res.get('total_s', 0.0):.0f}</td>"
+                     f"<td>{_e(geometry_scores(r))}</td><td>{_e(scores)}</td></tr>")
     details = []
     for i, r in enumerate(records):
         res = r["result"]
@@ -144,8 +189,11 @@ def write_report(out_dir: Path, records: Sequence[Mapping[str, Any]],
         score_items = "".join(
             f"<li class='{'ok' if s['passed'] else ('info' if s['informational'] else 'bad')}'>"
             f"{_e(s['kind'])}: {_e(s['reason'])}</li>" for s in r["scores"])
-        boxes = "".join(f"<li>{_e(b['label'])}: ({b['x_min']:.0f}, {b['y_min']:.0f}) - "
-                        f"({b['x_max']:.0f}, {b['y_max']:.0f})</li>" for b in res.get("boxes", []))
+        boxes = "".join(_box_line(b) for b in res.get("boxes", []))
+        lift = int(res.get("lift_code", 0))
+        lift_text = "" if not lift else (
+            f"{_lift_name(lift)} in {res.get('frame_3d', '')!r}"
+            + (f": {res['lift_message']}" if res.get("lift_message") else ""))
         details.append(
             f"<section id='q{i}'><h3>{_e(r['query'])}#{r['occurrence']} at {r['t_s']:.2f} s "
             f"&mdash; {_e(r['status'])}</h3>{img}<dl>"
@@ -154,6 +202,7 @@ def write_report(out_dir: Path, records: Sequence[Mapping[str, Any]],
             + (f"<dt>answer JSON</dt><dd><pre>{_e(_clip(res['answer_json']))}</pre></dd>"
                if res.get("answer_json") else "")
             + (f"<dt>boxes</dt><dd><ul>{boxes}</ul></dd>" if boxes else "")
+            + (f"<dt>3D</dt><dd>{_e(lift_text)}</dd>" if lift_text else "")
             + (f"<dt>error</dt><dd>{_e(res.get('error_message', ''))}</dd>"
                if res.get("error_code") else "")
             + f"<dt>timing</dt><dd>ttft {1000 * res.get('time_to_first_token_s', 0):.0f} ms, "
@@ -175,7 +224,7 @@ img{{max-width:100%}} pre{{white-space:pre-wrap;margin:0}} section{{border-top:1
 <table>{rows}</table>
 {"<p><img src='latency.png' alt='latency histogram'></p>" if has_hist else ""}
 <h2>queries</h2><table><tr><th>query</th><th>t (s)</th><th>status</th><th>answer</th>
-<th>total (ms)</th><th>scores</th></tr>{"".join(table)}</table>
+<th>total (ms)</th><th>IoU / 3D error</th><th>scores</th></tr>{"".join(table)}</table>
 {"".join(details)}
 </body></html>
 """

@@ -13,7 +13,9 @@ it runs, relative to the first message of the recording (``at``: one time or a l
         every: 1.0
         task: ground
         targets: [red box]
-        expect: {kind: box_iou, label: red box, box: ground_truth, threshold: 0.5}
+        expect:
+          - {kind: box_iou, label: red box, box: ground_truth, threshold: 0.5}
+          - {kind: position_error, label: red box, threshold: 0.05}   # metres, needs depth
       - name: blocked
         at: [0.5, 2.0]
         task: verify
@@ -39,7 +41,7 @@ from cosmos_reason_ros.core.pipeline import MAX_CLIP_FPS
 from cosmos_reason_ros.core.types import BadRequestError, Task
 
 SOURCES = ("latest", "next", "clip")
-EXPECT_KINDS = ("exact", "contains", "regex", "yes_no", "box_iou")
+EXPECT_KINDS = ("exact", "contains", "regex", "yes_no", "box_iou", "position_error")
 EXPECT_FIELDS = ("answer", "answer_json", "reasoning", "raw_text")
 GROUND_TRUTH = "ground_truth"
 MAX_QUERIES = 1000  # declared queries per scenario
@@ -69,7 +71,9 @@ class Expectation:
 
     ``informational`` expectations are scored and reported but never count as a regression.
     ``box`` is a pixel box ``(x_min, y_min, x_max, y_max)`` or ``None`` for the recording's
-    ground truth of ``label``.
+    ground truth of ``label``. ``threshold`` is the least IoU for ``box_iou`` and the largest
+    3D distance in metres for ``position_error`` (the answer's lifted position of ``label``
+    against the recording's 3D ground truth; needs depth input).
     """
 
     kind: str
@@ -321,9 +325,12 @@ def _parse_expect(raw: Any, where: str, goal: QueryGoal) -> Expectation:
                                                                   False)}
     if kind == "box_iou":
         return _parse_box_expect(raw, where, goal, common)
+    if kind == "position_error":
+        return _parse_position_expect(raw, where, goal, common)
     for key in ("label", "box", "threshold"):
         if key in raw:
-            raise ScenarioError(f"{where}.{key}: only used with kind box_iou")
+            raise ScenarioError(f"{where}.{key}: only used with kind box_iou or "
+                                f"position_error")
     if kind in ("exact", "contains", "regex") and not value:
         raise ScenarioError(f"{where}.value: {kind} needs a non-empty value")
     ignore_case = _bool(raw, "ignore_case", where, kind != "regex")
@@ -368,6 +375,25 @@ def _parse_box_expect(raw: Mapping[str, Any], where: str, goal: QueryGoal,
     threshold = _number(raw.get("threshold", 0.5), f"{where}.threshold", low=0.0, high=1.0,
                         low_open=True)
     return Expectation(label=label, box=box, threshold=threshold, **common)
+
+
+def _parse_position_expect(raw: Mapping[str, Any], where: str, goal: QueryGoal,
+                           common: dict[str, Any]) -> Expectation:
+    for key in ("value", "ignore_case", "box", "field"):
+        if key in raw:
+            raise ScenarioError(f"{where}.{key}: not used with kind position_error (use label, "
+                                f"threshold)")
+    label = _string(raw, "label", where).strip()
+    if not label and len(goal.targets) == 1:
+        label = goal.targets[0]
+    if not label:
+        raise ScenarioError(f"{where}.label: position_error needs the object's label (its 3D "
+                            f"ground truth is looked up by label)")
+    if "threshold" not in raw:
+        raise ScenarioError(f"{where}.threshold: position_error needs the largest error "
+                            f"allowed, in metres (e.g. 0.05)")
+    threshold = _number(raw["threshold"], f"{where}.threshold", low=0.0, low_open=True)
+    return Expectation(label=label, threshold=threshold, **common)
 
 
 # --- scheduling --------------------------------------------------------------------------------

@@ -110,11 +110,12 @@ class ReasonNode(Node):
         self._ingest_executor.add_node(self._ingest_node)
         self.camera = Camera(self, self._ingest_node, p, self.now_ns, self._on_frame)
         self.history = self.camera.history
-        lifter = None if self.camera.depth_history is None else DepthLifter(
-            Settings.from_params(p, self.profile).depth, self.camera.depth_history,
-            cdr.read_stored_frame, self.camera.camera_model)
+        settings = Settings.from_params(p, self.profile)
+        lifter = None if settings.depth is None or self.camera.depth_history is None \
+            else DepthLifter(settings.depth, self.camera.depth_history, cdr.read_stored_frame,
+                             self.camera.camera_model)
         target_frame = TargetFrame(self, p["depth.target_frame"], p["depth.tf_timeout_s"])
-        self.pipeline = GoalPipeline(Settings.from_params(p, self.profile), self.runner,
+        self.pipeline = GoalPipeline(settings, self.runner,
                                      self.history, cdr.read_stored_frame, self.now_ns,
                                      self.prefill, self.camera.topics, lifter,
                                      target_frame.apply)

@@ -12,8 +12,8 @@ print ``KeyboardInterrupt`` tracebacks. Three mechanisms, each for one way a nod
   dies (``PR_SET_PDEATHSIG``; forked children arm it through ``os.register_at_fork``), then
   checks that the parent is still the one it started from. This holds even when the node is
   SIGKILLed. Linux sends the signal when the parent *thread* that started the child exits:
-  the engine starts its core from the engine runner's loop thread, which lives as long as the
-  engine, and the core starts its workers from its main thread.
+  vLLM starts its engine core from the engine runner's loop thread, which lives as long as
+  the engine, and the core starts its workers from its main thread.
 - ``StopSignals``: SIGINT/SIGTERM raise ``StartupInterrupted`` in the main thread while the
   node starts (the main thread waits for the engine in short slices, so the exception comes
   within a fraction of a second), and only set ``stop`` once it serves: ``main`` then ends the
@@ -21,8 +21,9 @@ print ``KeyboardInterrupt`` tracebacks. Three mechanisms, each for one way a nod
 - ``end_descendants``: kills whatever still runs below the node (an interrupted engine start,
   or anything an engine shutdown left) and releases the shared memory those processes held.
 
-The engine runner's loop thread blocks SIGINT, and so do the processes started from it (the
-mask is inherited): a terminal's Ctrl-C stops only the node, which stops its engine itself.
+The vLLM engine blocks SIGINT in the thread it spawns its processes from, and so they do too
+(the mask is inherited; ``engines/vllm_local.py``): a terminal's Ctrl-C reaches the whole
+process group but stops only the node, which stops its engine itself.
 """
 
 from __future__ import annotations

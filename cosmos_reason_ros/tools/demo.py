@@ -5,10 +5,12 @@
     make demo DEMO_ARGS="--rate max --duration 6"
 
 1. Generates the demo recording (``demo_recording``: 640x480 at 15 Hz, Image +
-   CompressedImage + CameraInfo + ground-truth boxes, a real rosbag2 bag), cached in
-   ``out/demo/recording`` while its parameters stay the same.
+   CompressedImage + CameraInfo + registered 16UC1 depth + 2D/3D ground truth, a real rosbag2
+   bag), cached in ``out/demo/recording`` while its parameters stay the same.
 2. Starts the node as its own process (the way ``ros2 launch`` would) from a config preset
-   with ``use_sim_time``, its camera remapped to the recording's topic.
+   with ``use_sim_time``, its camera remapped to the recording's topic, and depth input on
+   (``depth/image`` and ``camera_info`` remapped to the recording's), so grounding answers
+   are lifted to 3D and scored against the 3D ground truth (``position_error``).
 3. Replays the demo scenario (``config/scenarios/demo.yaml``: a question, grounding every
    1.5 s, a yes/no check, the next frame, a clip) through the node with ``replay``.
 4. Prints each answer and the summary; the report (annotated frames, latencies, scores) is
@@ -37,15 +39,24 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_SCENARIO = REPO_ROOT / "config" / "scenarios" / "demo.yaml"
 
 
-def start_node(model: str, preset: str, image_topic: str) -> subprocess.Popen:
-    """Start the node process from a config preset, on sim time, camera remapped."""
+def start_node(model: str, preset: str, image_topic: str, depth: bool = True
+               ) -> subprocess.Popen:
+    """Start the node process from a config preset, on sim time, camera remapped.
+
+    With ``depth``, the node also takes the recording's registered depth and CameraInfo.
+    """
     args = [sys.executable, "-m", "cosmos_reason_ros.ros.node", "--ros-args", "--params-file",
             str(REPO_ROOT / "config" / f"{preset}.yaml"), "-p", f"engine.model:={model}",
             "-p", "use_sim_time:=true",
             # Reliable camera QoS: 900 kB frames over best effort can be lost on a busy
-            # machine, and the replay should answer about the frames it scheduled.
+            # machine, and the replay should answer about the frames it scheduled. Depth
+            # frames take the same QoS.
             "-p", "image.qos_reliability:=reliable", "-p", "image.qos_depth:=10",
             "-r", f"image:={image_topic}"]
+    if depth:
+        args += ["-p", "depth.enabled:=true",
+                 "-r", f"depth/image:={demo_recording.DEPTH_TOPIC}",
+                 "-r", f"camera_info:={demo_recording.CAMERA_INFO_TOPIC}"]
     return subprocess.Popen(args, cwd=REPO_ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
@@ -64,7 +75,7 @@ def run(args: argparse.Namespace, model: str, preset: str) -> int:
           f"{time.monotonic() - t0:.1f} s", flush=True)
     print(f"demo: starting the node (preset={preset}, model={model})", flush=True)
     log: list[str] = []
-    proc = start_node(model, preset, demo_recording.IMAGE_TOPIC)
+    proc = start_node(model, preset, demo_recording.IMAGE_TOPIC, depth=not args.no_depth)
     try:
         if not wait_ready(proc, log, args.startup_timeout):
             print("demo: the node did not become ready:\n" + "\n".join(log[-30:]))
@@ -111,6 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--storage", choices=("mcap", "sqlite3"), default="mcap")
     ap.add_argument("--rate", type=parse_rate, default=1.0, help="replay rate, or 'max'")
     ap.add_argument("--startup-timeout", type=float, default=600.0)
+    ap.add_argument("--no-depth", action="store_true",
+                    help="run the node without depth input (2D answers only)")
     args = ap.parse_args(argv)
     model, preset = args.model, args.preset
     if not model:

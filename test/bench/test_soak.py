@@ -37,6 +37,8 @@ def test_thresholds_pass_on_a_flat_run():
     ((samples([500.0] * 60), counts(results=9)), "1 goals without a result"),
     ((samples([500.0] * 60), counts(counted=7)), "2 periodic runs not published"),
     ((samples([500.0] * 60), counts(ok=0)), "no goal succeeded"),
+    ((samples([500.0] * 60), {**counts(results=9), "goals_not_sent": 1}),
+     "1 goals not sent (the client found no action server)"),
 ])
 def test_thresholds_fail_on_loss_or_growth(run, failure):
     verdict = soak.evaluate(*run, ARGS)
@@ -88,9 +90,12 @@ def test_soak_60_s_without_loss_or_growth(tiny_qwen3_vl, tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "cosmos_reason_ros.bench.soak", "--duration-s", "60",
          "--model", str(tiny_qwen3_vl), "--goal-period-s", "1.0", "--periodic-s", "1.0",
-         # The first ~25 s fill the frame history (64 frames), vLLM's processed-image cache
-         # and allocator arenas (RSS rises then flattens); growth is judged after that.
+         # The first seconds fill the frame history, vLLM's processed-image cache and
+         # allocator arenas (RSS rises then flattens); growth is judged after 25 s and after
+         # the history is full. A 16-frame history (~14 MB at 640x480) bounds what a node
+         # starved of frames could still be filling by the baseline window.
          "--warmup-s", "25", "--window-s", "10", "--max-rss-growth-mb", "50",
+         "--param", "image.history_frames:=16",
          "--out", str(out)],
         capture_output=True, text=True, timeout=600)
     print(proc.stdout[-3000:])

@@ -223,3 +223,28 @@ def test_target_frame_is_looked_up_at_the_image_stamp(rig, fail):
     else:
         assert result.lift_code == ReasoningResult.LIFT_OK and result.frame_3d == "base_link"
         assert math.isclose(x, expected_centre(1.0)[0] + 1.0, abs_tol=0.01)
+
+
+def test_the_depth_frame_is_kept_through_a_long_generation(rig):
+    # Depth matched when the colour frame is chosen: newer depth frames evicting it from a
+    # short history while the model generates must not lose it (found through the demo).
+    r = rig({"depth.history_frames": 2})
+    r.n.engine.script = lambda req: Script(deltas=[BOX_ANSWER], first_delay_s=0.5)
+    stamp = r.frame(1.0)
+    handle = r.n.send(task="ground", targets=["crate"])
+    deadline = time.monotonic() + 5
+    while not r.n.engine.running:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    for k in range(1, 5):  # newer depth frames fill the 2-frame history
+        r.depth.publish(depth_msg(stamp + k * 1_000_000_000, 3.0))
+    history = r.n.node.camera.depth_history
+    while history.stats().evicted < 3:  # the matching frame is gone before the answer ends
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert not r.n.engine.requests or r.n.engine.running
+    status, result = r.n.result(handle)
+    assert status == GoalStatus.STATUS_SUCCEEDED
+    assert result.lift_code == ReasoningResult.LIFT_OK, result.lift_message
+    assert result.depth_stamp.sec * 1_000_000_000 + result.depth_stamp.nanosec == stamp
+    assert math.isclose(result.boxes[0].position_3d.position.z, 1.0, abs_tol=0.005)
