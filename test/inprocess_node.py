@@ -96,9 +96,9 @@ class InProcessNode:
         future = self.client.send_goal_async(
             goal, feedback_callback=(lambda fb: feedback.append(fb.feedback))
             if feedback is not None else None)
-        return _wait_future(future, 10.0)
+        return _wait_future(future, 30.0)
 
-    def result(self, handle: Any, timeout_s: float = 10.0) -> tuple[int, ReasoningResult]:
+    def result(self, handle: Any, timeout_s: float = 30.0) -> tuple[int, ReasoningResult]:
         """Wait for a goal's result: (action status, result message)."""
         response = _wait_future(handle.get_result_async(), timeout_s)
         return response.status, response.result.result

@@ -160,6 +160,7 @@ class ProcessTree:
         self._root = psutil.Process(pid)
         self._seen: dict[int, psutil.Process] = {}
         self._parents: dict[int, int] = {}
+        self._titles: dict[int, str] = {}  # as first seen
         self._cond = threading.Condition()
         self._stop = threading.Event()
         self._period_s = period_s
@@ -179,6 +180,7 @@ class ProcessTree:
                         except self._psutil.Error:  # ended already
                             continue
                         self._seen[child.pid] = child
+                        self._titles[child.pid] = _describe(child)
                 self._cond.notify_all()
             self._stop.wait(self._period_s)
 
@@ -188,8 +190,10 @@ class ProcessTree:
             return list(self._seen.values())
 
     def names(self) -> list[str]:
-        """What each descendant seen was (its title, else its command line), for messages."""
-        return [_describe(p) for p in self.seen()]
+        """What each descendant seen is (or was when first seen), for messages."""
+        with self._cond:
+            seen = list(self._seen.items())
+        return [_describe(p, self._titles.get(pid, str(pid))) for pid, p in seen]
 
     def spawned(self, depth: int) -> list:
         """Spawned descendants ``depth`` levels down: 1 the engine core, 2 its workers."""
@@ -246,11 +250,11 @@ class ProcessTree:
                 pass
 
 
-def _describe(process) -> str:
+def _describe(process, fallback: str = "") -> str:
     try:
-        return f"{process.pid} {process.name()} {' '.join(process.cmdline())[:120]}"
+        return f"{process.pid} {' '.join(process.cmdline())[:100]}"
     except Exception:  # noqa: BLE001 - ended meanwhile
-        return str(process.pid)
+        return fallback or str(process.pid)
 
 
 def is_spawned(process) -> bool:

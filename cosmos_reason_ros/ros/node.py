@@ -96,6 +96,7 @@ class ReasonNode(Node):
         self._counters_lock = threading.Lock()
         self.counters = {"succeeded": 0, "aborted": 0, "canceled": 0, "rejected": 0}
         self._action_server: ActionServer | None = None
+        self.startup_s = 0.0
         self.latencies: collections.deque[tuple[float, float]] = collections.deque(maxlen=500)
         self.prefill = PrefillPolicy(skip_while_busy=p["prefill.skip_while_busy"])
         self.gc_pauses = GcPauses().install()
@@ -186,9 +187,14 @@ class ReasonNode(Node):
             self.get_logger().info(f"heap frozen: {frozen} objects out of the garbage "
                                    f"collector's view ({took_s:.2f} s)")
         self.gc_pauses.reset()  # diagnostics count the pauses while serving, not startup's
+        self.startup_s = time.monotonic() - t0
+
+    def log_ready(self) -> None:
+        """Log the one "ready:" line (after start; tools and tests wait for it)."""
+        p = self.params
         self.get_logger().info(
             f"ready: model={self.runner.model_name} family={self.profile.key} "
-            f"engine={p['engine.kind']} startup_s={time.monotonic() - t0:.1f} "
+            f"engine={p['engine.kind']} startup_s={self.startup_s:.1f} "
             f"max_concurrent_goals={self.slots.max_running} prefill={p['prefill.enabled']}")
 
     def _on_set_parameters(self, params: list[Any]) -> SetParametersResult:
@@ -240,7 +246,9 @@ class ReasonNode(Node):
             self.get_logger().warning(
                 f"{self.slots.running + self.slots.queued} goal(s) still running "
                 f"{SHUTDOWN_GOALS_S:g} s after the stop: closing the engine under them")
-        self.runner.close()  # what still runs in the engine ends ENGINE_UNAVAILABLE
+        # What still runs in the engine ends ENGINE_UNAVAILABLE. Bounded: vLLM kills its
+        # processes after engine.shutdown_timeout_s; aborting requests takes up to 5 s more.
+        self.runner.close(timeout_s=self.params["engine.shutdown_timeout_s"] + 10.0)
         if not ended:
             goals_ended(SHUTDOWN_GOALS_AFTER_ENGINE_S)
         self.gc_pauses.uninstall()
@@ -420,10 +428,13 @@ def main(args: list[str] | None = None) -> NoReturn:
         try:
             node = ReasonNode()
             node.start()
-            executor = MultiThreadedExecutor(num_threads=node.executor_threads())
-            executor.add_node(node)
         finally:
             signals.started()  # from here on a signal only sets signals.stop
+        # Announced only now: a stop signal after "ready" is a normal shutdown, not an
+        # interrupted start-up.
+        node.log_ready()
+        executor = MultiThreadedExecutor(num_threads=node.executor_threads())
+        executor.add_node(node)
         while rclpy.ok() and not signals.stop.is_set():
             executor.spin_once(timeout_sec=0.2)
     except process_life.StartupInterrupted as e:
@@ -463,7 +474,10 @@ def main(args: list[str] | None = None) -> NoReturn:
         if left:
             logger.warning(f"ended {len(left)} process(es) the engine left running: "
                            f"{', '.join(left)}")
-        process_life.release_shared_memory(segments)
+        released = process_life.release_shared_memory(segments)
+        if released:
+            logger.info(f"released {len(released)} shared-memory segment(s) the engine left: "
+                        f"{', '.join(released)}")
     if code == 0 and node is not None:
         logger.info(f"shut down cleanly in {time.monotonic() - t_stop:.1f} s")
     _exit_now(code)

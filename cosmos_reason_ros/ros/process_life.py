@@ -43,7 +43,12 @@ from types import FrameType
 PARENT_ENV = "COSMOS_REASON_PARENT_PID"  # the pid a process spawned from here must die with
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 _WATCH_PERIOD_S = 0.5  # parent check period where prctl is unavailable
-_SHM_PREFIX = "psm_"  # multiprocessing.shared_memory's generated names
+# Files in /dev/shm that multiprocessing creates and registers with its resource tracker:
+# prefix -> (resource type, registered name from the file name).
+_TRACKED_FILES = {
+    "psm_": ("shared_memory", lambda file: "/" + file),  # shared_memory.SharedMemory
+    "sem.mp-": ("semaphore", lambda file: "/" + file[len("sem."):]),  # Lock, Semaphore...
+}
 _LOG = logging.getLogger(__name__)
 
 
@@ -179,54 +184,64 @@ def descendants(pid: int | None = None) -> list[int]:
 
 
 def shared_memory_below() -> set[str]:
-    """Names of the shared-memory segments the processes below this one have mapped now."""
+    """Return the multiprocessing shared memory and semaphores mapped below this process.
+
+    File names in ``/dev/shm``, for ``release_shared_memory``.
+    """
     tracker = _resource_tracker_pid()
-    return {name for pid in descendants() if pid != tracker
-            for name in _mapped_shared_memory(pid)}
+    return _mapped_files(pid for pid in descendants() if pid != tracker)
 
 
-def release_shared_memory(names: Iterable[str]) -> list[str]:
-    """Unlink those of ``names`` that still exist; return them.
+def release_shared_memory(files: Iterable[str]) -> list[str]:
+    """Unlink those of ``files`` (in ``/dev/shm``) that still exist; return them.
 
-    For segments a child created and could not unlink (vLLM's engine core killed before it
-    got to it). The child registered them with this process's resource tracker (children
-    share their parent's), which would unlink them itself at exit and warn "There appear to
-    be N leaked shared_memory objects": they are unregistered there too.
+    For what a child created and could not release: vLLM's engine core is killed by its own
+    shutdown when its worker is slow to exit, before it unlinks its message queue's segment.
+    Children register these with their parent's resource tracker, which would unlink them when
+    the node exits and warn "There appear to be N leaked shared_memory objects"; they are
+    unregistered there too.
     """
     released = []
-    for name in sorted(names):
-        path = Path("/dev/shm") / name
+    for file in sorted(files):
         try:
-            path.unlink()
+            (Path("/dev/shm") / file).unlink()
         except FileNotFoundError:  # its owner released it
             continue
         except OSError as exc:
-            _LOG.warning("could not unlink shared memory %s: %s", path, exc)
+            _LOG.warning("could not unlink /dev/shm/%s: %s", file, exc)
             continue
-        released.append(name)
-        if _resource_tracker_pid() is not None:
+        released.append(file)
+        kind = next((v for k, v in _TRACKED_FILES.items() if file.startswith(k)), None)
+        if kind is not None and _resource_tracker_pid() is not None:
+            rtype, registered = kind
             try:
-                resource_tracker.unregister("/" + name, "shared_memory")
+                resource_tracker.unregister(registered(file), rtype)
             except Exception as exc:  # noqa: BLE001 - the tracker then only warns
-                _LOG.debug("resource tracker unregister %s failed: %s", name, exc)
+                _LOG.debug("resource tracker unregister %s failed: %s", file, exc)
     return released
 
 
 def end_descendants() -> list[str]:
     """Kill every process below this one but the resource tracker; return their names.
 
-    They are stopped first, so that none maps or starts anything more, then the segments
-    they hold are listed, they are killed, and the segments released. The resource tracker
-    is left to exit by itself once nothing holds its pipe.
+    They are stopped first, and the tree listed again until nothing new appears (a process
+    started meanwhile would be orphaned by its parent's death, and no longer below this one),
+    then the segments they hold are listed, they are killed, and the segments released. The
+    resource tracker is left to exit by itself once nothing holds its pipe.
     """
     tracker = _resource_tracker_pid()
-    pids = [p for p in descendants() if p != tracker]
+    pids: list[int] = []
+    for _ in range(10):  # until no process is starting below the stopped ones
+        new = [p for p in descendants() if p != tracker and p not in pids]
+        if not new:
+            break
+        for pid in new:
+            _signal(pid, signal.SIGSTOP)
+        pids += new
     if not pids:
         return []
-    for pid in pids:
-        _signal(pid, signal.SIGSTOP)
     names = [_process_name(pid) for pid in pids]
-    segments = {name for pid in pids for name in _mapped_shared_memory(pid)}
+    segments = _mapped_files(pids)
     for pid in pids:
         _signal(pid, signal.SIGKILL)
     release_shared_memory(segments)
@@ -257,19 +272,30 @@ def _process_name(pid: int) -> str:
         return str(pid)
 
 
-def _mapped_shared_memory(pid: int) -> set[str]:
-    """Names of the live (not yet unlinked) multiprocessing segments ``pid`` has mapped."""
+def _mapped_files(pids: Iterable[int]) -> set[str]:
+    """Return the tracked ``/dev/shm`` files that ``pids`` map and that are not unlinked yet.
+
+    Matched by inode: a semaphore is mapped under the temporary name glibc created it with
+    (since unlinked), then linked to its real name.
+    """
+    inodes = set()
+    for pid in pids:
+        try:
+            lines = Path(f"/proc/{pid}/maps").read_text().splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split(None, 5)  # address perms offset dev inode [path]
+            if len(fields) == 6 and fields[5].startswith("/dev/shm/"):
+                inodes.add(int(fields[4]))
+    if not inodes:
+        return set()
     try:
-        lines = Path(f"/proc/{pid}/maps").read_text().splitlines()
+        entries = list(os.scandir("/dev/shm"))
     except OSError:
         return set()
-    names = set()
-    for line in lines:
-        fields = line.split(None, 5)  # address perms offset dev inode [path]
-        path = fields[5] if len(fields) == 6 else ""
-        if path.startswith(f"/dev/shm/{_SHM_PREFIX}") and not path.endswith(" (deleted)"):
-            names.add(path[len("/dev/shm/"):])
-    return {n for n in names if "/" not in n}
+    return {e.name for e in entries
+            if e.name.startswith(tuple(_TRACKED_FILES)) and e.inode() in inodes}
 
 
 def _resource_tracker_pid() -> int | None:

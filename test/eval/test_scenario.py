@@ -77,7 +77,7 @@ def test_a_full_query_is_parsed_with_defaults_applied():
     (doc(q(expect={"kind": "yes_no", "value": "maybe"})), "value='maybe': allowed yes, no"),
     (doc(q(expect={"kind": "exact", "value": "a", "field": "mood"})), "field='mood'"),
     (doc(q(expect={"kind": "exact", "value": "a", "threshold": 0.5})),
-     "expect[0].threshold: only used with kind box_iou"),
+     "expect[0].threshold: only used with kind"),
     (doc(q(expect={"kind": "box_iou"})), "expect[0].label: box_iou against the ground truth"),
     (doc(q(expect={"kind": "box_iou", "box": [0, 0, 1]})), "expect[0].box=[0, 0, 1]"),
     (doc(q(expect={"kind": "box_iou", "box": [5, 0, 1, 9]})), "need x_min < x_max"),

@@ -81,11 +81,17 @@ class Rig:
         self.depth.publish(depth_msg(stamp + depth_skew_ns, metres, **depth_kwargs))
         self.n.publish(stamp, width=W, height=H)
         node = self.n.node
-        deadline = time.monotonic() + 5.0
+        deadline = time.monotonic() + 10.0
         while node.camera.depth_history.stats().received < 1 \
                 or node.camera.camera_model() is None or node.history.stats().received < 1:
-            assert time.monotonic() < deadline, "depth/camera_info/colour did not arrive"
-            time.sleep(0.01)
+            assert time.monotonic() < deadline, (
+                f"arrived: depth={node.camera.depth_history.stats().received} "
+                f"camera_info={node.camera.camera_model() is not None} "
+                f"colour={node.history.stats().received}")
+            # CameraInfo is best effort (as drivers publish it, with every frame): a sample
+            # sent right after discovery can be lost, so it is repeated like a driver does.
+            self.info.publish(info_msg())
+            time.sleep(0.05)
         return stamp
 
     def wait(self, sink: list, count: int = 1):
