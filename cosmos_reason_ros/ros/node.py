@@ -470,10 +470,10 @@ def main(args: list[str] | None = None) -> NoReturn:
         if node is not None:
             node.destroy_node()
         rclpy.try_shutdown()
-        left = process_life.end_descendants()
+        left = process_life.end_descendants(grace_s=1.0)
         if left:
-            logger.warning(f"ended {len(left)} process(es) the engine left running: "
-                           f"{', '.join(left)}")
+            logger.warning(f"ended {len(left)} process(es) still running after the engine "
+                           f"shut down: {', '.join(left)}")
         released = process_life.release_shared_memory(segments)
         if released:
             logger.info(f"released {len(released)} shared-memory segment(s) the engine left: "

@@ -221,8 +221,11 @@ def release_shared_memory(files: Iterable[str]) -> list[str]:
     return released
 
 
-def end_descendants() -> list[str]:
+def end_descendants(grace_s: float = 0.0) -> list[str]:
     """Kill every process below this one but the resource tracker; return their names.
+
+    ``grace_s`` lets processes that are ending anyway go first (vLLM has just SIGKILLed its
+    engine core: freeing a few GB takes the kernel a moment).
 
     They are stopped first, and the tree listed again until nothing new appears (a process
     started meanwhile would be orphaned by its parent's death, and no longer below this one),
@@ -230,6 +233,9 @@ def end_descendants() -> list[str]:
     resource tracker is left to exit by itself once nothing holds its pipe.
     """
     tracker = _resource_tracker_pid()
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and any(p != tracker for p in descendants()):
+        time.sleep(0.05)
     pids: list[int] = []
     for _ in range(10):  # until no process is starting below the stopped ones
         new = [p for p in descendants() if p != tracker and p not in pids]
