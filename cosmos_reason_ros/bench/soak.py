@@ -55,10 +55,15 @@ def config_dir() -> Path:
     return Path(get_package_share_directory("cosmos_reason_ros")) / "config"
 
 
-def start_node(model: str, preset: str, periodic_s: float, extra: Sequence[str]
-               ) -> subprocess.Popen:
-    """Start the node (periodic monitoring on unless ``periodic_s`` is 0); output to a pipe."""
-    args = [sys.executable, "-m", "cosmos_reason_ros.ros.node", "--ros-args", "--params-file",
+def start_node(model: str, preset: str, periodic_s: float, extra: Sequence[str],
+               traced: Sequence[str] = ()) -> subprocess.Popen:
+    """Start the node (periodic monitoring on unless ``periodic_s`` is 0); output to a pipe.
+
+    ``traced`` (dir, start_s, period_s) runs it under tracemalloc (:func:`traced_node_main`).
+    """
+    entry = ["cosmos_reason_ros.bench.soak", "--as-traced-node", *traced] if traced else [
+        "cosmos_reason_ros.ros.node"]
+    args = [sys.executable, "-m", *entry, "--ros-args", "--params-file",
             str(config_dir() / f"{preset}.yaml"), "-p", "image.max_age_s:=10.0"]
     if periodic_s > 0:
         args += ["-p", "periodic.enabled:=true", "-p", f"periodic.period_s:={periodic_s}",
@@ -210,6 +215,50 @@ def sample_process(pid: int) -> dict[str, float]:
     return {"rss_mb": rss / 2**20, "rss_node_mb": node_rss / 2**20,
             "rss_children_mb": (rss - node_rss) / 2**20, "fds": proc.num_fds(),
             "threads": proc.num_threads()}
+
+
+def traced_node_main(out: str, start_s: float, period_s: float, node_args: list[str]) -> None:
+    """Run the node and trace its Python allocations from ``start_s`` on.
+
+    Tracing starts after the engine's start-up (traced, vLLM's start-up ran past its 300 s
+    timeout here); a snapshot is dumped to ``out`` every ``period_s``.
+    """
+    import tracemalloc
+
+    def snapshots() -> None:
+        time.sleep(start_s)
+        tracemalloc.start(10)
+        for i in range(1_000_000):
+            time.sleep(period_s)
+            tracemalloc.take_snapshot().dump(f"{out}/snap_{i:04d}.tm")
+
+    Path(out).mkdir(parents=True, exist_ok=True)
+    threading.Thread(target=snapshots, name="tracemalloc", daemon=True).start()
+    from cosmos_reason_ros.ros.node import main as node_main
+
+    node_main(node_args)
+
+
+def tracemalloc_report(snap_dir: Path, path: Path, top: int = 20) -> str:
+    """Compare the first and last snapshots of the node's Python heap; write the top growth."""
+    import tracemalloc
+
+    snaps = sorted(snap_dir.glob("snap_*.tm"))
+    if len(snaps) < 2:
+        return f"soak: tracemalloc: {len(snaps)} snapshot(s) in {snap_dir}, need 2"
+    ignore = [tracemalloc.Filter(False, tracemalloc.__file__),
+              tracemalloc.Filter(False, "<frozen importlib._bootstrap*>")]
+    first, last = (tracemalloc.Snapshot.load(str(p)).filter_traces(ignore)
+                   for p in (snaps[0], snaps[-1]))
+    mb = [sum(t.size for t in snap.traces) / 2**20 for snap in (first, last)]
+    lines = [f"node Python heap (tracemalloc): {mb[0]:.2f} MB ({snaps[0].name}) -> "
+             f"{mb[1]:.2f} MB ({snaps[-1].name}), {len(snaps)} snapshots"]
+    for d in last.compare_to(first, "lineno")[:top]:
+        frame = d.traceback[0]
+        lines.append(f"{d.size_diff / 1024:+10.1f} KiB {d.count_diff:+7d} blocks "
+                     f"{frame.filename}:{frame.lineno}")
+    path.write_text("\n".join(lines) + "\n")
+    return f"soak: {lines[0]}; top growth in {path}"
 
 
 def _window_median(samples: list[dict[str, Any]], key: str, t0: float, t1: float) -> float:
@@ -445,7 +494,9 @@ def run(args: argparse.Namespace) -> int:
             from cosmos_reason_ros.tools.tiny_model import ensure_tiny_model
 
             model = str(ensure_tiny_model("qwen3_vl"))
-        proc = start_node(model, args.preset, args.periodic_s, node_params)
+        traced = (args.tracemalloc, str(args.tracemalloc_start_s),
+                  str(args.tracemalloc_period_s)) if args.tracemalloc else ()
+        proc = start_node(model, args.preset, args.periodic_s, node_params, traced)
         if not wait_ready(proc, log, args.startup_timeout_s):
             print("soak: the node did not become ready:\n" + "\n".join(log[-30:]))
             return give_up(2)
@@ -596,6 +647,8 @@ def run(args: argparse.Namespace) -> int:
     rclpy.try_shutdown()
     if proc is not None:
         code = stop_node(proc)
+        if args.tracemalloc:
+            print(tracemalloc_report(Path(args.tracemalloc), out / "tracemalloc.txt"), flush=True)
         if code != 0:
             print(f"soak: the node exited with {code}:\n" + "\n".join(log[-20:]))
             return 1
@@ -643,6 +696,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="fail above this growth rate after warm-up (0: no limit)")
     p.add_argument("--max-fd-growth", type=float, default=20)
     p.add_argument("--max-thread-growth", type=float, default=10)
+    p.add_argument("--tracemalloc", default="", metavar="DIR",
+                   help="run the node under tracemalloc: snapshots in DIR, the top growth "
+                   "between the first and last in OUT/tracemalloc.txt")
+    p.add_argument("--tracemalloc-start-s", type=float, default=150.0,
+                   help="start tracing this long after launch (after the engine's start-up)")
+    p.add_argument("--tracemalloc-period-s", type=float, default=300.0)
     p.add_argument("--verbose", action="store_true")
     args = p.parse_args(argv)
     for name in ("duration_s", "camera_hz"):
@@ -662,6 +721,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["--as-probe"]:  # FrameProbe's child process
         return probe_main(argv[1], argv[2], argv[3], int(argv[4]))
+    if argv[:1] == ["--as-traced-node"]:  # start_node(traced=...)
+        traced_node_main(argv[1], float(argv[2]), float(argv[3]), argv[4:])
+        return 0
     return run(parse_args(argv))
 
 

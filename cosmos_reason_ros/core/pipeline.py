@@ -123,7 +123,7 @@ class Settings:
     max_clip_duration_s: float = 30.0
     max_clip_frames: int = 64
     # A clip whose history gives fewer frames per second than this fails (NO_IMAGE); 0: never,
-    # the result's clip_fps reports the rate instead (image.clip_min_fps, when declared).
+    # the result's clip_fps reports the rate instead (image.clip_min_fps).
     clip_min_fps: float = 0.0
     decode_max_pixels: int = imaging.DEFAULT_MAX_PIXELS
     feedback_rate_hz: float = 10.0
@@ -146,7 +146,7 @@ class Settings:
             wait_s=p["image.wait_s"], clip_duration_s=p["image.clip_duration_s"],
             clip_fps=p["image.clip_fps"], max_clip_duration_s=p["limits.max_clip_duration_s"],
             max_clip_frames=p["limits.max_clip_frames"],
-            clip_min_fps=p.get("image.clip_min_fps", 0.0),
+            clip_min_fps=p["image.clip_min_fps"],
             decode_max_pixels=p["image.max_pixels"],
             feedback_rate_hz=p["limits.feedback_rate_hz"],
             ready_frame_within_s=p["prefill.ready_frame_within_s"],
@@ -308,8 +308,9 @@ class GoalPipeline(Generic[P]):
         # "The last N seconds" means before now: a camera that stopped gives no clip.
         self._check_age(frames[-1], goal.max_age_s, "the clip's newest frame")
         # The history keeps what the camera subscription received: a camera slower than
-        # clip_fps, or frames dropped on the way (best-effort QoS with a shallow queue lost 3
-        # of 4 frames at 10 Hz 640x480 in issue 24), gives a thinner clip than asked.
+        # clip_fps, or frames dropped on the way (best-effort raw 640x480 frames, larger than
+        # Fast DDS's default 512 KB shared-memory segment, lost 2 of 3 at 10 Hz in issue 24),
+        # gives a thinner clip than asked.
         wanted = max(1, round(goal.clip_duration_s * goal.clip_fps))
         allowed = min(wanted, s.max_clip_frames)
         fps = len(frames) / goal.clip_duration_s

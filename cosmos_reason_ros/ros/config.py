@@ -208,6 +208,9 @@ PARAMS: tuple[Param, ...] = (
           _range(0.1, 600)),
     Param("image.clip_fps", 4.0, "Default clip sampling rate (the models' training rate).",
           _range(0.1, 60)),
+    Param("image.clip_min_fps", 0.0, "Fail a clip (NO_IMAGE) whose history gives fewer frames "
+          "per second than this (0 = never; the result's clip_fps reports the rate).",
+          _range(0, 60)),
     # --- depth.* (3D lifting) --------------------------------------------------------------
     Param("depth.enabled", False, "Lift boxes, points and trajectories to 3D with a depth image "
           "registered to the colour image (depth/image) and the colour CameraInfo "

@@ -1,9 +1,10 @@
 """Clips from a camera thinner than clip_fps: the result says the rate it got (issue 24).
 
-At 10 Hz 640x480 with best-effort keep-last-1 the node kept about one frame in four, so a
-4 fps clip silently held fewer frames than asked. A clip result now carries its effective
-rate (``clip_fps``: frames per second of the duration asked), and ``image.clip_min_fps``
-(``Settings.clip_min_fps``) turns a rate below a floor into NO_IMAGE naming the numbers.
+A best-effort 640x480 camera at 10 Hz reached the node at 2.5-3.5 fps (Fast DDS defaults,
+RELIABILITY.md), so a 4 fps clip silently held fewer frames than asked. A clip result now
+carries its effective rate (``clip_fps``: frames per second of the duration asked), and
+``image.clip_min_fps`` (``Settings.clip_min_fps``) turns a rate below a floor into NO_IMAGE
+naming the numbers.
 """
 
 from __future__ import annotations

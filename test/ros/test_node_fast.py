@@ -43,8 +43,10 @@ def make_node():
 def stages(feedback, expected: list[str] | None = None, timeout_s: float = 3.0) -> list[str]:
     """Distinct stages in order of first appearance.
 
-    Feedback is a topic and the result a service: the last feedback can arrive after the
-    result, so with ``expected`` this waits (bounded) until that many stages are in.
+    With ``expected`` this waits (bounded) until that many stages are in. Call it before
+    asking for the result: feedback is a topic and the result a service, so the last feedback
+    can arrive after the result, and rclpy's ActionClient drops a goal's feedback callback
+    once the result has arrived.
     """
     deadline = time.monotonic() + timeout_s
     while True:
@@ -89,9 +91,9 @@ def test_feedback_stages_follow_the_documented_order_per_source(make_node, sourc
     if source == Goal.SOURCE_NEXT:
         time.sleep(0.1)
         n.publish()
+    assert stages(feedback, expected) == expected
     status, _ = n.result(handle)
     assert status == GoalStatus.STATUS_SUCCEEDED
-    assert stages(feedback, expected) == expected
 
 
 def test_goal_image_source_uses_the_goal_image(make_node):
@@ -99,12 +101,13 @@ def test_goal_image_source_uses_the_goal_image(make_node):
 
     n = make_node()
     feedback: list = []
-    status, result = n.ask(feedback, prompt="What is this?", source=Goal.SOURCE_GOAL_IMAGE,
-                           image=image_msg(5 * NS, width=32, height=24, frame_id="goal"))
-    assert status == GoalStatus.STATUS_SUCCEEDED
-    assert result.header.frame_id == "goal" and result.image_width == 32
+    handle = n.send(feedback, prompt="What is this?", source=Goal.SOURCE_GOAL_IMAGE,
+                    image=image_msg(5 * NS, width=32, height=24, frame_id="goal"))
     expected = ["queued", "preprocessing", "generating"]
     assert stages(feedback, expected) == expected
+    status, result = n.result(handle)
+    assert status == GoalStatus.STATUS_SUCCEEDED
+    assert result.header.frame_id == "goal" and result.image_width == 32
 
 
 def test_cancel_aborts_the_engine_request_and_keeps_the_partial_text(make_node):
@@ -247,12 +250,14 @@ def test_feedback_is_throttled_to_the_rate_and_loses_no_text(make_node):
     n.publish()
     n.wait_frames(1)
     feedback: list = []
-    status, result = n.ask(feedback, prompt="Count.")
-    assert status == GoalStatus.STATUS_SUCCEEDED
-    deadline = time.monotonic() + 3.0  # feedback may trail the result (see stages())
-    while "".join(fb.text_delta for fb in feedback) != result.raw_text:
-        assert time.monotonic() < deadline, "feedback text differs from the result"
+    handle = n.send(feedback, prompt="Count.")
+    text = "".join(f"{i} " for i in range(60))
+    deadline = time.monotonic() + 10.0  # before the result: see stages()
+    while "".join(fb.text_delta for fb in feedback) != text:
+        assert time.monotonic() < deadline, "feedback text differs from the deltas"
         time.sleep(0.01)
+    status, result = n.result(handle)
+    assert status == GoalStatus.STATUS_SUCCEEDED and result.raw_text == text
     with_text = [fb for fb in feedback if fb.text_delta]
     assert 2 <= len(with_text) <= 8  # ~0.6 s of deltas at 5 Hz, not 60 messages
 
