@@ -7,6 +7,7 @@ registrations are guarded on ``torchvision.extension._has_ops()``. Idempotent.
 """
 
 import importlib.util
+import os
 import pathlib
 import re
 import sys
@@ -28,7 +29,11 @@ def main() -> int:
         flags=re.M,
     )
     if patched != source:
-        path.write_text(patched)
+        # A new file, not a rewrite in place: uv hard-links installed files to its cache, and
+        # an in-place write would patch the cached wheel of every other environment too.
+        tmp = path.with_suffix(".py.patching")
+        tmp.write_text(patched)
+        os.replace(tmp, path)
         print(f"patch_torchvision: patched {path}")
     return 0
 

@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from cosmos_reason_ros.core.models import detect_profile
+from cosmos_reason_ros.core.params import NodeParams
 from cosmos_reason_ros.ros.config import (
     PARAMS,
     PARAMS_BY_NAME,
@@ -45,7 +46,7 @@ LAUNCH_ARGUMENTS = {"config", "model", "engine", "endpoint", "image_topic", "com
 TEXT_MARGIN_TOKENS = 150
 
 
-def validated(path: Path) -> dict[str, Any]:
+def validated(path: Path) -> NodeParams:
     """A preset's values as the node would hold them (empty vllm model -> a hub id)."""
     values = load_yaml_params(str(path))
     if values.get("engine.kind", "vllm") == "vllm" and not values.get("engine.model"):
@@ -90,29 +91,30 @@ def test_misspelled_parameter_is_rejected_by_name(tmp_path: Path) -> None:
 def test_jetson_presets_use_the_published_vllm_settings() -> None:
     for board in ("jetson_agx_orin", "jetson_thor"):
         v = validated(CONFIG_DIR / f"{board}.yaml")
-        assert v["engine.max_model_len"] == 8192, board
-        assert v["engine.gpu_memory_utilization"] == pytest.approx(0.8), board
-        assert v["engine.enable_prefix_caching"] is True, board
+        assert v.engine.max_model_len == 8192, board
+        assert v.engine.gpu_memory_utilization == pytest.approx(0.8), board
+        assert v.engine.enable_prefix_caching is True, board
     nano = validated(CONFIG_DIR / "jetson_orin_nano.yaml")
-    assert nano["engine.enforce_eager"] is True
-    assert nano["engine.max_model_len"] == 768
-    assert nano["engine.max_num_batched_tokens"] == 768
-    assert nano["engine.gpu_memory_utilization"] == pytest.approx(0.52)
-    assert nano["engine.max_num_seqs"] == 1
-    assert json.loads(nano["engine.limit_mm_per_prompt"]) == {"image": 1}
-    assert nano["limits.max_concurrent_goals"] <= 2
+    assert nano.engine.enforce_eager is True
+    assert nano.engine.max_model_len == 768
+    assert nano.engine.max_num_batched_tokens == 768
+    assert nano.engine.gpu_memory_utilization == pytest.approx(0.52)
+    assert nano.engine.max_num_seqs == 1
+    assert json.loads(nano.engine.limit_mm_per_prompt) == {"image": 1}
+    assert nano.limits.max_concurrent_goals <= 2
     x86 = validated(CONFIG_DIR / "x86_gpu.yaml")
-    assert x86["engine.max_model_len"] == 16384
-    assert x86["engine.gpu_memory_utilization"] == pytest.approx(0.9)
-    assert x86["limits.max_concurrent_goals"] == 16
+    assert x86.engine.max_model_len == 16384
+    assert x86.engine.gpu_memory_utilization == pytest.approx(0.9)
+    assert x86.limits.max_concurrent_goals == 16
 
 
 def test_gpu_presets_are_ordered_by_board_size() -> None:
     order = ["jetson_orin_nano", "jetson_orin_nx", "jetson_agx_orin"]
     values = [validated(CONFIG_DIR / f"{name}.yaml") for name in order]
-    for key in ("engine.max_model_len", "engine.gpu_memory_utilization",
-                "limits.max_concurrent_goals"):
-        column = [v[key] for v in values]
+    columns = {"engine.max_model_len": [v.engine.max_model_len for v in values],
+               "engine.gpu_memory_utilization": [v.engine.gpu_memory_utilization for v in values],
+               "limits.max_concurrent_goals": [v.limits.max_concurrent_goals for v in values]}
+    for key, column in columns.items():
         assert column == sorted(column) and len(set(column)) == 3, (key, column)
 
 
@@ -120,42 +122,42 @@ def test_gpu_presets_are_ordered_by_board_size() -> None:
                                   "jetson_agx_orin", "jetson_thor"])
 def test_image_and_answer_fit_the_context(name: str) -> None:
     v = validated(CONFIG_DIR / f"{name}.yaml")
-    profile = detect_profile(v["engine.model"], None if v["model.family"] == "auto"
-                             else v["model.family"])
-    image_tokens = profile.max_visual_tokens(v["model.max_pixels"] or None)
-    needed = image_tokens + v["limits.max_tokens"] + TEXT_MARGIN_TOKENS
-    assert needed <= v["engine.max_model_len"], (
-        f"{name}: {image_tokens} image + {v['limits.max_tokens']} answer + "
-        f"{TEXT_MARGIN_TOKENS} text tokens > max_model_len {v['engine.max_model_len']}")
-    if "video" not in json.loads(v["engine.limit_mm_per_prompt"] or "{}"):
+    profile = detect_profile(v.engine.model, None if v.model.family == "auto"
+                             else v.model.family)
+    image_tokens = profile.max_visual_tokens(v.model.max_pixels or None)
+    needed = image_tokens + v.limits.max_tokens + TEXT_MARGIN_TOKENS
+    assert needed <= v.engine.max_model_len, (
+        f"{name}: {image_tokens} image + {v.limits.max_tokens} answer + "
+        f"{TEXT_MARGIN_TOKENS} text tokens > max_model_len {v.engine.max_model_len}")
+    if "video" not in json.loads(v.engine.limit_mm_per_prompt or "{}"):
         return  # no clips on this preset
-    frames = v["limits.max_clip_frames"]
+    frames = v.limits.max_clip_frames
     # Worst case: a large camera frame, so every frame gets the per-frame maximum.
     width, height = profile.video_frame_size(1920, 1080, frames)
     clip_tokens = profile.video_tokens(width, height, frames)
-    needed = clip_tokens + v["limits.max_tokens"] + TEXT_MARGIN_TOKENS
-    assert needed <= v["engine.max_model_len"], (
+    needed = clip_tokens + v.limits.max_tokens + TEXT_MARGIN_TOKENS
+    assert needed <= v.engine.max_model_len, (
         f"{name}: a {frames}-frame clip ({clip_tokens} tokens) + answer does not fit")
-    default_frames = v["image.clip_duration_s"] * v["image.clip_fps"]
+    default_frames = v.image.clip_duration_s * v.image.clip_fps
     assert default_frames <= frames, f"{name}: the default clip exceeds max_clip_frames"
 
 
 def test_nano_image_budget_is_256_tokens() -> None:
     v = validated(CONFIG_DIR / "jetson_orin_nano.yaml")
-    profile = detect_profile(v["engine.model"])
-    assert profile.max_visual_tokens(v["model.max_pixels"]) == 256
+    profile = detect_profile(v.engine.model)
+    assert profile.max_visual_tokens(v.model.max_pixels) == 256
     # The warm-up image is what the node sends after resizing a 640x480 frame.
-    assert (v["engine.warmup_width"], v["engine.warmup_height"]) == profile.input_size(
-        640, 480, v["model.max_pixels"])
+    assert (v.engine.warmup_width, v.engine.warmup_height) == profile.input_size(
+        640, 480, v.model.max_pixels)
 
 
 def test_remote_server_preset_talks_to_a_reasoning_server() -> None:
     v = validated(CONFIG_DIR / "remote_server.yaml")
-    assert v["engine.kind"] == "openai"
-    assert v["engine.endpoints"] and all(u.startswith("http") for u in v["engine.endpoints"])
-    assert re.fullmatch(r"[A-Z_][A-Z0-9_]*", v["engine.api_key_env"])
-    assert v["model.family"] == "cosmos_reason2"  # a served name cannot be auto-detected
-    assert v["engine.constrains_after_reasoning"] is True
+    assert v.engine.kind == "openai"
+    assert v.engine.endpoints and all(u.startswith("http") for u in v.engine.endpoints)
+    assert re.fullmatch(r"[A-Z_][A-Z0-9_]*", v.engine.api_key_env)
+    assert v.model.family == "cosmos_reason2"  # a served name cannot be auto-detected
+    assert v.engine.constrains_after_reasoning is True
     assert "--reasoning-parser qwen3" in (CONFIG_DIR / "remote_server.yaml").read_text()
 
 
@@ -376,7 +378,7 @@ def _load_script(name: str) -> types.ModuleType:
 def test_parameters_doc_is_current() -> None:
     gen = _load_script("gen_params_doc")
     current = (REPO / "docs" / "PARAMETERS.md").read_text(encoding="utf-8")
-    assert current == gen.render(), "docs/PARAMETERS.md is stale: python scripts/gen_params_doc.py"
+    assert current == gen.render(), "docs/PARAMETERS.md is stale: python scripts/gen_params.py"
 
 
 def test_parameters_doc_lists_every_parameter_with_its_default() -> None:

@@ -67,23 +67,28 @@ class GoalSlots:
                 poll_s: float = 0.05) -> bool:
         """Take a running slot (for an admitted goal), waiting in line if all are busy.
 
-        Returns ``False`` when ``timeout_s`` passes or ``should_stop()`` turns true while
-        waiting (the caller then holds no slot).
+        Returns ``False`` when ``timeout_s`` passes or ``should_stop()`` is true (checked
+        before a slot is handed over too: a goal cancelled or shut down while it waited must not
+        start a generation); the caller then holds no slot.
         """
         ticket = object()
         deadline = time.monotonic() + max(0.0, timeout_s)
         with self._cond:
+            if should_stop():
+                return False
             if self._running < self.max_running and not self._waiting:
                 self._running += 1
                 return True
             self._waiting.append(ticket)
             try:
                 while True:
+                    if should_stop():
+                        return False
                     if self._waiting[0] is ticket and self._running < self.max_running:
                         self._running += 1
                         return True
                     remaining = deadline - time.monotonic()
-                    if remaining <= 0 or should_stop():
+                    if remaining <= 0:
                         return False
                     self._cond.wait(min(poll_s, remaining))
             finally:

@@ -147,6 +147,12 @@ class FrameHistory(Generic[T]):
             self._closed = True
             self._cond.notify_all()
 
+    @property
+    def closed(self) -> bool:
+        """True after :meth:`close`: waiting on this history would return at once."""
+        with self._cond:
+            return self._closed
+
     # --- reading ------------------------------------------------------------------------------
 
     def __len__(self) -> int:
@@ -238,7 +244,7 @@ class FrameHistory(Generic[T]):
             if after_ns is None or reset_since:
                 ok = frame.seq > start_seq
             else:
-                ok = _capture_ns(frame) > after_ns
+                ok = capture_ns(frame) > after_ns
             if ok:
                 match = frame
             elif after_ns is None or reset_since:
@@ -312,7 +318,7 @@ class FrameHistory(Generic[T]):
 _SAME_CLOCK_NS = 2 * _NS
 
 
-def _capture_ns(frame: StoredFrame[T]) -> int:
+def capture_ns(frame: StoredFrame[T]) -> int:
     """When the frame was taken, on the history's clock, as well as it can be told.
 
     The header stamp when it is on the same clock as the receipt time (camera drivers stamp

@@ -17,6 +17,7 @@ anything with a NaN or infinite coordinate is dropped. Each fix is reported in t
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from cosmos_reason_ros.core.types import (
@@ -104,7 +105,7 @@ def map_point(
     cx, cy = _clamp(x, w), _clamp(y, h)
     if cx != x or cy != y:
         _note(problems, f"{name} ({point.x:g}, {point.y:g}) lies outside the image; clamped")
-    return Point(cx, cy, label=point.label)
+    return replace(point, x=cx, y=cy)
 
 
 def map_box(
@@ -163,7 +164,7 @@ def map_trajectory(
     if not points:
         _note(problems, f"{name} has no valid points; dropped")
         return None
-    return Trajectory(points=tuple(points), label=trajectory.label)
+    return replace(trajectory, points=tuple(points))
 
 
 def map_answer(
@@ -196,6 +197,78 @@ def map_answer(
         tuple(p for p in points if p is not None),
         tuple(t for t in trajectories if t is not None),
     )
+
+
+def camera_of(
+    named: str, cameras: Sequence[str], problems: list[str] | None, what: str
+) -> str | None:
+    """Return the camera of ``cameras`` an answer's item names, or ``None`` (noted) if none.
+
+    Exact names first, then a unique case-insensitive match ("Front" for "front": the same
+    name, spelled freely when decoding is not constrained). Anything else is a problem, never
+    a guess: coordinates in the wrong image would point at the wrong thing.
+    """
+    name = named.strip()
+    if name in cameras:
+        return name
+    folded = [c for c in cameras if c.casefold() == name.casefold()]
+    if name and len(folded) == 1:
+        return folded[0]
+    allowed = ", ".join(f'"{c}"' for c in cameras)
+    if not name:
+        _note(problems, f"{what} names no camera (expected one of {allowed}); dropped")
+    else:
+        _note(problems, f"{what} names camera {name!r:.60}, not one of {allowed}; dropped")
+    return None
+
+
+def map_answer_by_camera(
+    parsed: ParsedAnswer,
+    geometries: Mapping[str, ImageGeometry],
+    convention: CoordinateConvention,
+    problems: list[str] | None = None,
+) -> tuple[tuple[Box, ...], tuple[Point, ...], tuple[Trajectory, ...]]:
+    """Map a multi-image answer: every item with the geometry of the camera it names.
+
+    ``geometries`` holds each camera's image (name -> geometry, in camera order). Each box,
+    point and trajectory is mapped to its own camera's original pixels and carries that
+    camera's name. With one camera every item is in its image whatever the model wrote; with
+    several, an item that names no camera of ``geometries`` is dropped and noted in
+    ``problems``, like any other unusable item.
+    """
+    for geometry in geometries.values():
+        check_geometry(geometry)
+    names = list(geometries)
+    if not names:
+        raise BadImageError("map_answer_by_camera needs at least one camera geometry")
+
+    def camera(item: Box | Point | Trajectory, what: str) -> str | None:
+        return names[0] if len(names) == 1 else camera_of(item.camera, names, problems, what)
+
+    boxes: list[Box] = []
+    for i, box in enumerate(parsed.boxes, start=1):
+        name = camera(box, f"box {i}")
+        mapped = None if name is None else map_box(
+            box, geometries[name], convention, problems, name=f"box {i}")
+        if mapped is not None:
+            boxes.append(replace(mapped, camera=name or ""))
+    points: list[Point] = []
+    for i, point in enumerate(parsed.points, start=1):
+        name = camera(point, f"point {i}")
+        mapped_point = None if name is None else map_point(
+            point, geometries[name], convention, problems, name=f"point {i}")
+        if mapped_point is not None:
+            points.append(replace(mapped_point, camera=name or ""))
+    trajectories: list[Trajectory] = []
+    for i, trajectory in enumerate(parsed.trajectories, start=1):
+        name = camera(trajectory, f"trajectory {i}")
+        mapped_path = None if name is None else map_trajectory(
+            trajectory, geometries[name], convention, problems, name=f"trajectory {i}")
+        if mapped_path is not None and name is not None:
+            trajectories.append(replace(
+                mapped_path, camera=name,
+                points=tuple(replace(p, camera=name) for p in mapped_path.points)))
+    return tuple(boxes), tuple(points), tuple(trajectories)
 
 
 # --- original pixels -> model ---------------------------------------------------------------

@@ -17,7 +17,7 @@ import enum
 import json
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -103,6 +103,11 @@ class ModelProfile:
     video_max_pixels: int = 0  # per frame; 0 means default_max_pixels
     video_total_pixels: int = 0  # all frames together (counted per temporal pair)
     is_cosmos: bool = True
+    # How a multi-camera request names its images, one sentence per image in camera order
+    # ({index} from 1, {camera} the name). It goes at the start of the text, after all the
+    # images (media before text, as both model cards show), so the first camera's image stays
+    # a prefix that a speculative prefill of that camera's frame shares.
+    camera_intro: str = 'Image {index} is from the camera "{camera}".'
 
     @property
     def pixels_per_token(self) -> int:
@@ -155,6 +160,11 @@ class ModelProfile:
         budget = max(min(frame_max, per_frame), frame_min, self.pixels_per_token)
         budget = min(budget, self.max_pixels)
         return smart_resize(width, height, self.unit, frame_min, budget)
+
+    def introduce_cameras(self, cameras: Sequence[str]) -> str:
+        """Return the text that names each image of a multi-camera request, in order."""
+        return " ".join(self.camera_intro.format(index=i, camera=name)
+                        for i, name in enumerate(cameras, start=1))
 
     def video_tokens(self, width: int, height: int, n_frames: int) -> int:
         """Visual tokens of a clip whose frames are already ``(width, height)``."""

@@ -22,6 +22,7 @@ import logging
 import math
 import re
 from collections.abc import Iterable
+from dataclasses import replace
 from typing import Any, NamedTuple
 
 from cosmos_reason_ros.core.tasks import AnswerKind, find_spec
@@ -56,6 +57,8 @@ BOX_KEYS = ("bbox_2d", "box_2d", "bbox", "box")
 POINT_KEYS = ("point_2d", "point")
 TRAJECTORY_KEYS = ("trajectory", "path", "waypoints", "trace")
 LABEL_KEYS = ("label", "name", "object", "class", "category")
+# Which camera's image an entry is in (multi-camera requests ask for "camera").
+CAMERA_KEYS = ("camera", "camera_name", "view")
 SCORE_KEYS = ("score", "confidence")
 CAPTION_KEYS = ("caption", "description", "event", "text", "label")
 CORNER_KEYS = (
@@ -830,6 +833,13 @@ def _label_of(d: dict[str, Any]) -> str:
     return str(hit[1]).strip()[:200]
 
 
+def _camera_of(d: dict[str, Any]) -> str:
+    hit = _first(d, CAMERA_KEYS)
+    if hit is None or not isinstance(hit[1], str):
+        return ""
+    return hit[1].strip()[:200]
+
+
 def _is_trajectory_label(label: str) -> bool:
     low = label.lower()
     return any(word in low for word in _TRAJECTORY_WORDS) or "轨迹" in label
@@ -868,21 +878,27 @@ class _Collector:
     def finish(self) -> None:
         """With the trajectory task, loose points become trajectories.
 
-        Points form one trajectory in order, unless they carry several labels that each name
-        two or more points (e.g. "left arm" and "right arm"): then one trajectory per label.
-        Individually labelled points ("start", "grasp", "end") stay one trajectory.
+        Points of one camera (all points, without cameras) form one trajectory in order,
+        unless they carry several labels that each name two or more points (e.g. "left arm"
+        and "right arm"): then one trajectory per label. Individually labelled points
+        ("start", "grasp", "end") stay one trajectory.
         """
         if self.expect is not AnswerKind.TRAJECTORIES or not self.points or self.trajectories:
             return
         points, self.points = self.points, []
-        groups: dict[str, list[Point]] = {}
+        by_camera: dict[str, list[Point]] = {}
         for p in points:
-            groups.setdefault(p.label, []).append(p)
-        if len(groups) > 1 and all(len(pts) >= 2 for pts in groups.values()):
-            for label, pts in groups.items():
-                self._add_trajectory(pts, label)
-        else:
-            self._add_trajectory(points, points[0].label if len(groups) == 1 else "")
+            by_camera.setdefault(p.camera, []).append(p)
+        for camera, in_camera in by_camera.items():
+            groups: dict[str, list[Point]] = {}
+            for p in in_camera:
+                groups.setdefault(p.label, []).append(p)
+            if len(groups) > 1 and all(len(pts) >= 2 for pts in groups.values()):
+                for label, pts in groups.items():
+                    self._add_trajectory(pts, label, camera)
+            else:
+                self._add_trajectory(in_camera, in_camera[0].label if len(groups) == 1 else "",
+                                     camera)
 
     # -- the walk --
 
@@ -935,10 +951,11 @@ class _Collector:
         nums = _numbers_of(hit[1]) if hit else [_number_of(d.get("x")), _number_of(d.get("y"))]
         if not nums or any(n is None for n in nums):
             return None
-        return self._point([n for n in nums if n is not None], _label_of(d))
+        return self._point([n for n in nums if n is not None], _label_of(d), _camera_of(d))
 
     def _dict(self, d: dict[str, Any], depth: int, bare: bool) -> None:
         label = _label_of(d)
+        camera = _camera_of(d)
         hit = _first(d, BOX_KEYS)
         if hit is not None:
             value = hit[1]
@@ -950,31 +967,31 @@ class _Collector:
             return
         hit = _first(d, TRAJECTORY_KEYS)
         if hit is not None and isinstance(hit[1], list):
-            self._trajectory_value(hit[1], label)
+            self._trajectory_value(hit[1], label, camera)
             return
         hit = _first(d, POINT_KEYS)
         if hit is not None:
             value = hit[1]
             if isinstance(value, list) and value and all(_is_pair(v) for v in value):
                 if self.expect is AnswerKind.TRAJECTORIES or _is_trajectory_label(label):
-                    pts = [self._point(_numbers_of(v) or [], label) for v in value]
-                    self._add_trajectory([p for p in pts if p is not None], label)
+                    pts = [self._point(_numbers_of(v) or [], label, camera) for v in value]
+                    self._add_trajectory([p for p in pts if p is not None], label, camera)
                 else:
                     for v in value:
-                        self._add_point(_numbers_of(v) or [], label)
+                        self._add_point(_numbers_of(v) or [], label, camera)
             else:
-                self._point_value(value, label)
+                self._point_value(value, label, camera)
             return
         if "points" in d:
             value = d["points"]
             if _is_pair(value):
-                self._add_point(_numbers_of(value) or [], label)
+                self._add_point(_numbers_of(value) or [], label, camera)
             elif isinstance(value, list) and value and all(_is_pair(v) for v in value):
                 if self.expect is AnswerKind.POINTS:
                     for v in value:
-                        self._add_point(_numbers_of(v) or [], label)
+                        self._add_point(_numbers_of(v) or [], label, camera)
                 else:
-                    self._trajectory_value(value, label)
+                    self._trajectory_value(value, label, camera)
             else:
                 self._walk(value, depth + 1, bare=False)
             return
@@ -983,7 +1000,7 @@ class _Collector:
                 self._box_value([d[k] for k in keys], label, d)
                 return
         if "x" in d and "y" in d:
-            self._point_value([d["x"], d["y"]], label)
+            self._point_value([d["x"], d["y"]], label, camera)
             return
         for start_key, end_key in SPAN_KEYS:
             if start_key in d and end_key in d:
@@ -1033,9 +1050,10 @@ class _Collector:
             self.box_n += 1
             self.problems.append(f"box {self.box_n} is not a list of numbers: {value!r:.60}")
             return
-        self._add_box(nums, label, score)
+        self._add_box(nums, label, score, _camera_of(d))
 
-    def _add_box(self, nums: list[float], label: str, score: float | None) -> None:
+    def _add_box(self, nums: list[float], label: str, score: float | None,
+                 camera: str = "") -> None:
         self.box_n += 1
         if len(nums) != 4:
             self.problems.append(f"box {self.box_n} has {_count(len(nums))} (expected 4)")
@@ -1047,17 +1065,17 @@ class _Collector:
             self._too_many("boxes")
             return
         x1, y1, x2, y2 = nums
-        self.boxes.append(Box(x1, y1, x2, y2, label=label, score=score))
+        self.boxes.append(Box(x1, y1, x2, y2, label=label, score=score, camera=camera))
 
-    def _point_value(self, value: Any, label: str) -> None:
+    def _point_value(self, value: Any, label: str, camera: str = "") -> None:
         nums = _numbers_of(value)
         if nums is None:
             self.point_n += 1
             self.problems.append(f"point {self.point_n} is not a list of numbers: {value!r:.60}")
             return
-        self._add_point(nums, label)
+        self._add_point(nums, label, camera)
 
-    def _point(self, nums: list[float], label: str) -> Point | None:
+    def _point(self, nums: list[float], label: str, camera: str = "") -> Point | None:
         """Return a validated point (counted for messages), or ``None`` if unusable."""
         self.point_n += 1
         if len(nums) != 2:
@@ -1066,10 +1084,10 @@ class _Collector:
         if not all(math.isfinite(n) for n in nums):
             self.problems.append(f"point {self.point_n} has a non-finite number; dropped")
             return None
-        return Point(nums[0], nums[1], label=label)
+        return Point(nums[0], nums[1], label=label, camera=camera)
 
-    def _add_point(self, nums: list[float], label: str) -> None:
-        point = self._point(nums, label)
+    def _add_point(self, nums: list[float], label: str, camera: str = "") -> None:
+        point = self._point(nums, label, camera)
         if point is None:
             return
         if len(self.points) >= MAX_ITEMS:
@@ -1077,7 +1095,7 @@ class _Collector:
             return
         self.points.append(point)
 
-    def _trajectory_value(self, items: list[Any], label: str) -> None:
+    def _trajectory_value(self, items: list[Any], label: str, camera: str = "") -> None:
         pts: list[Point] = []
         for item in items[:MAX_ITEMS]:
             if isinstance(item, dict):
@@ -1087,16 +1105,29 @@ class _Collector:
                     self.problems.append(f"trajectory point {item!r:.60} is not a point")
             else:
                 nums = _numbers_of(item)
-                p = self._point(nums, label) if nums is not None else None
+                p = self._point(nums, label, camera) if nums is not None else None
                 if nums is None:
                     self.problems.append(f"trajectory point {item!r:.60} is not a point")
             if p is not None:
                 pts.append(p)
         if len(items) > MAX_ITEMS:
             self._too_many("trajectory points")
-        self._add_trajectory(pts, label)
+        self._add_trajectory(pts, label, camera)
 
-    def _add_trajectory(self, pts: list[Point], label: str) -> None:
+    def _add_trajectory(self, pts: list[Point], label: str, camera: str = "") -> None:
+        """Add a trajectory; one whose points name different cameras becomes one per camera.
+
+        A path lies in one image: points of two cameras cannot be joined into one, so each
+        camera's run of points is its own trajectory. The trajectory's own ``camera`` (the
+        object's key) wins over its points'.
+        """
+        if not camera and len({p.camera for p in pts}) > 1:
+            runs: dict[str, list[Point]] = {}
+            for p in pts:
+                runs.setdefault(p.camera, []).append(p)
+            for run_camera, run in runs.items():
+                self._add_trajectory(run, label, run_camera)
+            return
         self.traj_n += 1
         if not pts:
             self.problems.append(f"trajectory {self.traj_n} has no valid points")
@@ -1104,7 +1135,10 @@ class _Collector:
         if len(self.trajectories) >= MAX_ITEMS:
             self._too_many("trajectories")
             return
-        self.trajectories.append(Trajectory(points=tuple(pts), label=label))
+        camera = camera or (pts[0].camera if pts else "")
+        self.trajectories.append(Trajectory(
+            points=tuple(p if p.camera == camera else replace(p, camera=camera) for p in pts),
+            label=label, camera=camera))
 
     def _span(self, d: dict[str, Any], start_key: str, end_key: str) -> None:
         self.span_n += 1

@@ -6,10 +6,12 @@ same goal about the same frame builds the same engine request everywhere:
 1. :meth:`GoalPipeline.validate`: goal fields -> :class:`ValidGoal` (text, task, schema,
    sampling, source, numeric fields, clip bounds, timeout, engine state), or ``BadRequestError``
    naming the field.
-2. :meth:`GoalPipeline.run`: choose frames from the :class:`FrameHistory` (latest within the
-   max age, the next one, the newest prefilled one, a clip ending within the max age), decode
-   and resize them to the model budget, build the request, drive the engine with a deadline,
-   cancel and throttled progress callbacks, parse and map coordinates to original pixels.
+2. :meth:`GoalPipeline.run`: choose frames from the camera's :class:`FrameHistory` (latest
+   within the max age, the next one, the newest prefilled one, a clip ending within the max
+   age; with several cameras one frame each, synchronised: ``core/cameras.py``), decode and
+   resize them to the model budget, build the request, drive the engine with a deadline,
+   cancel and throttled progress callbacks, parse and map coordinates to original pixels
+   (each camera's own, with several).
 
 ROS stays outside: callers pass plain callables for stages, progress and "should I stop", and
 read frames through a ``read_frame`` function (``ros/cdr.read_frame`` for CDR bytes).
@@ -31,10 +33,17 @@ import numpy as np
 
 from cosmos_reason_ros.core import imaging, query
 from cosmos_reason_ros.core.answer3d import Answer3D, DepthLifter, DepthSettings, LiftCode
+from cosmos_reason_ros.core.cameras import (
+    DEFAULT_CAMERA,
+    CameraFrame,
+    resolve_cameras,
+    synchronized_frames,
+)
 from cosmos_reason_ros.core.frames import FrameHistory, StoredFrame
 from cosmos_reason_ros.core.imaging import ImageMessage
 from cosmos_reason_ros.core.lifting import LiftSettings
 from cosmos_reason_ros.core.models import ModelProfile
+from cosmos_reason_ros.core.params import NodeParams
 from cosmos_reason_ros.core.prefill import PrefillPolicy
 from cosmos_reason_ros.core.types import (
     BadRequestError,
@@ -43,6 +52,7 @@ from cosmos_reason_ros.core.types import (
     DeadlineExceededError,
     EngineUnavailableError,
     FinishReason,
+    ImageGeometry,
     ImageTooOldError,
     NoImageError,
     ReasonOutcome,
@@ -56,6 +66,13 @@ _LOG = logging.getLogger(__name__)
 CANCEL_GRACE_S = 5.0  # how long a stopped request may take to end in the engine
 POLL_S = 0.05  # cancel/timeout are re-checked at least this often
 MAX_CLIP_FPS = 30.0
+# Frames of several cameras in one goal must be taken within this of each other (0.1 s:
+# free-running cameras at 10 Hz or faster always have a pair within half a period, 0.05 s;
+# hardware-synchronised ones allow 0). The node's cameras.max_skew_s sets it.
+DEFAULT_MAX_SKEW_S = 0.1
+# make_way_for's stamp for a goal whose first image is not the default camera's: no prefill
+# (always of the default camera) shares its prefix, so one in flight is aborted.
+_NO_PREFILLED_PREFIX = -1
 UNAVAILABLE_STATES = ("unavailable", "closed", "stopped")  # EngineState values
 
 
@@ -104,6 +121,7 @@ class GoalFields:
     timeout_s: float = 0.0
     image: ImageMessage | None = None  # the image carried by a SOURCE_GOAL_IMAGE goal
     images_in_goal: int = 0  # how many of image / compressed_image the goal filled
+    cameras: tuple[str, ...] = ()  # camera names, in prompt order; empty = the default camera
 
 
 @dataclass(frozen=True)
@@ -131,30 +149,30 @@ class Settings:
     depth: DepthSettings | None = None  # None: depth input off
 
     @classmethod
-    def from_params(cls, p: Mapping[str, Any], profile: ModelProfile) -> Settings:
-        """Build from validated node parameters (``ros/config.validate``'s mapping)."""
+    def from_params(cls, p: NodeParams, profile: ModelProfile) -> Settings:
+        """Build from the validated node parameters (``ros/config.validate``)."""
         return cls(
             profile=profile,
             limits=query.QueryLimits(
-                max_tokens=p["limits.max_tokens"], max_prompt_chars=p["limits.max_prompt_chars"],
-                max_schema_bytes=p["limits.max_schema_bytes"],
-                max_image_pixels=p["model.max_pixels"]),
-            constrain_structured_tasks=p["model.constrain_structured_tasks"],
-            fixed_output_length=p["limits.fixed_output_length"],
-            engine_constrains_after_reasoning=p["engine.constrains_after_reasoning"],
-            goal_timeout_s=p["limits.goal_timeout_s"], max_age_s=p["image.max_age_s"],
-            wait_s=p["image.wait_s"], clip_duration_s=p["image.clip_duration_s"],
-            clip_fps=p["image.clip_fps"], max_clip_duration_s=p["limits.max_clip_duration_s"],
-            max_clip_frames=p["limits.max_clip_frames"],
-            clip_min_fps=p["image.clip_min_fps"],
-            decode_max_pixels=p["image.max_pixels"],
-            feedback_rate_hz=p["limits.feedback_rate_hz"],
-            ready_frame_within_s=p["prefill.ready_frame_within_s"],
+                max_tokens=p.limits.max_tokens, max_prompt_chars=p.limits.max_prompt_chars,
+                max_schema_bytes=p.limits.max_schema_bytes,
+                max_image_pixels=p.model.max_pixels),
+            constrain_structured_tasks=p.model.constrain_structured_tasks,
+            fixed_output_length=p.limits.fixed_output_length,
+            engine_constrains_after_reasoning=p.engine.constrains_after_reasoning,
+            goal_timeout_s=p.limits.goal_timeout_s, max_age_s=p.image.max_age_s,
+            wait_s=p.image.wait_s, clip_duration_s=p.image.clip_duration_s,
+            clip_fps=p.image.clip_fps, max_clip_duration_s=p.limits.max_clip_duration_s,
+            max_clip_frames=p.limits.max_clip_frames,
+            clip_min_fps=p.image.clip_min_fps,
+            decode_max_pixels=p.image.max_pixels,
+            feedback_rate_hz=p.limits.feedback_rate_hz,
+            ready_frame_within_s=p.prefill.ready_frame_within_s,
             depth=DepthSettings(
-                scale=p["depth.scale"] or None, max_skew_s=p["depth.max_skew_s"],
-                registered_frame_id=p["depth.registered_frame_id"],
-                lift=LiftSettings(min_m=p["depth.min_m"], max_m=p["depth.max_m"]))
-            if p["depth.enabled"] else None)
+                scale=p.depth.scale or None, max_skew_s=p.depth.max_skew_s,
+                registered_frame_id=p.depth.registered_frame_id,
+                lift=LiftSettings(min_m=p.depth.min_m, max_m=p.depth.max_m))
+            if p.depth.enabled else None)
 
 
 @dataclass(frozen=True)
@@ -169,11 +187,32 @@ class ValidGoal:
     wait_s: float
     clip_duration_s: float
     clip_fps: float
+    # The cameras the goal is about, in prompt order (the default camera when it named
+    # none); empty for SOURCE_GOAL_IMAGE.
+    cameras: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class CameraImage:
+    """One camera's frame in a goal's media: the result's per-camera header and geometry."""
+
+    camera: str
+    frame_id: str
+    header_stamp_ns: int  # the image's own header stamp (a clip: its newest frame's)
+    stamp_ns: int  # the frame's time as stored
+    geometry: ImageGeometry
+    # Full-resolution RGB of the frame, converted only if someone draws on it.
+    original_rgb: Callable[[], np.ndarray]
 
 
 @dataclass
 class Media:
-    """Model-ready media of a goal and where it came from."""
+    """Model-ready media of a goal and where it came from.
+
+    With several cameras, ``stamps_ns`` holds one stamp per camera in prompt order and the
+    single-image fields (``frame_id``, ``header_stamp_ns``, ``original_rgb``) are the first
+    camera's; ``cameras`` has each camera's own.
+    """
 
     prepared: query.PreparedMedia
     stamps_ns: list[int]  # each frame's time as stored (header stamp, else receipt time)
@@ -184,6 +223,8 @@ class Media:
     # A clip's effective rate: its frames per second of the duration asked (below the goal's
     # clip_fps when the history held fewer frames); 0 for a single image.
     clip_fps: float = 0.0
+    # Each camera's frame, in prompt order; empty for the goal's own image.
+    cameras: tuple[CameraImage, ...] = ()
 
     @property
     def clip_start_ns(self) -> int | None:
@@ -206,29 +247,74 @@ class GoalRun:
 
 
 class GoalPipeline(Generic[P]):
-    """Runs validated goals over a frame history and an engine runner."""
+    """Runs validated goals over camera frame histories and an engine runner."""
 
     def __init__(self, settings: Settings, runner: Any, history: FrameHistory[P],
                  read_frame: Callable[[P], ImageMessage], clock_ns: Callable[[], int],
                  prefill: PrefillPolicy | None = None, source_name: str = "the camera",
                  lifter: DepthLifter[Any] | None = None,
-                 to_target_frame: Callable[[Answer3D, int], Answer3D] | None = None) -> None:
+                 to_target_frame: Callable[[Answer3D, int], Answer3D] | None = None, *,
+                 cameras: Mapping[str, FrameHistory[P]] | None = None,
+                 max_skew_s: float = DEFAULT_MAX_SKEW_S) -> None:
         """``runner``: an ``engines.runner.EngineRunner`` (``submit``/``health``).
 
-        ``clock_ns`` is the clock frame ages are measured on (the node clock: sim time under
-        replay); ``source_name`` names the camera in error messages; ``lifter`` lifts answers
-        to 3D when depth input is on, and ``to_target_frame(answer, stamp_ns)`` moves them to
+        ``history`` is the default camera's frames. ``clock_ns`` is the clock frame ages are
+        measured on (the node clock: sim time under replay); ``source_name`` names the default
+        camera in error messages; ``lifter`` lifts answers to 3D when depth input is on (the
+        default camera's depth), and ``to_target_frame(answer, stamp_ns)`` moves them to
         another frame (the node's tf2 lookup at the image stamp).
+
+        ``cameras`` (name -> history, the default camera first, its history ``history``)
+        names every camera goals may ask for; without it the one camera is
+        ``cameras.DEFAULT_CAMERA``. ``max_skew_s`` bounds how far apart the frames of one
+        multi-camera goal may be taken. :meth:`for_cameras` builds from the mapping alone.
         """
+        named = dict(cameras) if cameras else {DEFAULT_CAMERA: history}
+        if next(iter(named.values())) is not history:
+            raise ValueError("GoalPipeline: history must be the first (default) camera's")
+        if not (math.isfinite(max_skew_s) and max_skew_s >= 0):
+            raise ValueError(f"max_skew_s={max_skew_s!r}; expected a finite number >= 0")
         self.settings = settings
         self.runner = runner
         self.history = history
+        self.cameras: dict[str, FrameHistory[P]] = named
+        self.max_skew_s = float(max_skew_s)
         self.read_frame = read_frame
         self.clock_ns = clock_ns
         self.prefill = prefill
         self.source_name = source_name
         self.lifter = lifter
         self.to_target_frame = to_target_frame
+
+    @classmethod
+    def for_cameras(cls, settings: Settings, runner: Any,
+                    cameras: Mapping[str, FrameHistory[P]],
+                    read_frame: Callable[[P], ImageMessage], clock_ns: Callable[[], int], *,
+                    max_skew_s: float = DEFAULT_MAX_SKEW_S,
+                    prefill: PrefillPolicy | None = None, source_name: str = "",
+                    lifter: DepthLifter[Any] | None = None,
+                    to_target_frame: Callable[[Answer3D, int], Answer3D] | None = None,
+                    ) -> GoalPipeline[P]:
+        """Build over named cameras (name -> history; the first is the default camera).
+
+        ``source_name`` names the default camera in error messages (default: its name);
+        ``prefill`` and ``lifter`` are the default camera's, as in the constructor.
+        """
+        if not cameras:
+            raise ValueError("GoalPipeline.for_cameras needs at least one camera")
+        default = next(iter(cameras))
+        return cls(settings, runner, cameras[default], read_frame, clock_ns, prefill,
+                   source_name or default, lifter, to_target_frame, cameras=cameras,
+                   max_skew_s=max_skew_s)
+
+    @property
+    def default_camera(self) -> str:
+        """The camera a goal without ``cameras`` is about (the first configured)."""
+        return next(iter(self.cameras))
+
+    def _camera_label(self, camera: str) -> str:
+        """How error messages name a camera (the default one by ``source_name``)."""
+        return self.source_name if camera == self.default_camera else camera
 
     # --- 1. validation -----------------------------------------------------------------
 
@@ -245,6 +331,7 @@ class GoalPipeline(Generic[P]):
                 spec, sampling=dataclasses.replace(spec.sampling, ignore_eos=True))
         timeout = _non_negative("timeout_s", goal.timeout_s, "number of seconds")
         source = _check_source(goal)
+        cameras = self._check_cameras(goal, source)
         for name in ("max_image_age_s", "wait_for_image_s", "clip_duration_s", "clip_fps"):
             _non_negative(name, getattr(goal, name), "finite number")
         duration = float(goal.clip_duration_s) or s.clip_duration_s
@@ -262,34 +349,87 @@ class GoalPipeline(Generic[P]):
                 raise EngineUnavailableError(f"engine {health.state.value}: {health.detail}")
         return ValidGoal(goal, spec, source, timeout or s.goal_timeout_s,
                          float(goal.max_image_age_s) or s.max_age_s,
-                         float(goal.wait_for_image_s) or s.wait_s, duration, fps)
+                         float(goal.wait_for_image_s) or s.wait_s, duration, fps, cameras)
+
+    def _check_cameras(self, goal: GoalFields, source: Source) -> tuple[str, ...]:
+        """Resolve the goal's camera names (BAD_REQUEST naming the problem)."""
+        if source is Source.GOAL_IMAGE:
+            if goal.cameras:
+                raise BadRequestError(
+                    f"cameras={list(goal.cameras)} names cameras, but source="
+                    f"SOURCE_GOAL_IMAGE answers about the goal's own image; leave cameras "
+                    f"empty")
+            return ()
+        cameras = resolve_cameras(goal.cameras, list(self.cameras),
+                                  self.settings.limits.images_per_request)
+        if source is Source.CLIP and len(cameras) > 1:
+            raise BadRequestError(
+                f"source=SOURCE_CLIP takes one camera; cameras names {len(cameras)} "
+                f"({', '.join(cameras)}): send one clip goal per camera")
+        return cameras
+
+    def _goal_camera(self, goal: ValidGoal) -> str:
+        """Return the one camera of a single-camera goal."""
+        return goal.cameras[0] if goal.cameras else self.default_camera
 
     # --- 2. frames and media -------------------------------------------------------------
 
     def choose_frames(self, goal: ValidGoal, accepted_ns: int, deadline: float,
                       should_stop: Callable[[], Stop | None] = lambda: None,
                       ) -> list[StoredFrame[P]]:
-        """Return the frame(s) a goal is about: latest / next / ready-prefilled / a clip."""
+        """Return the frame(s) a single-camera goal is about: latest / next / ready / a clip.
+
+        The camera is the goal's one camera (the default camera when it named none);
+        :meth:`choose_camera_frames` serves goals of several cameras.
+        """
+        camera = self._goal_camera(goal)
+        history, label = self.cameras[camera], self._camera_label(camera)
         if goal.source is Source.CLIP:
-            return self._clip_frames(goal)
+            return self._clip_frames(goal, history, label)
         wait_s = min(goal.wait_s, max(0.0, deadline - time.monotonic()))
         if goal.source is Source.NEXT:
             # "After acceptance": frames taken since the goal arrived, by the node clock (under
             # sim time a paused /clock means a paused recording, so no wall time is mixed in).
-            frame = self._wait_frame(accepted_ns, wait_s, should_stop)
+            frame = self._wait_frame(history, accepted_ns, wait_s, should_stop)
             if frame is None:
-                raise NoImageError(f"no new frame on '{self.source_name}' within "
-                                   f"{wait_s:.2f} s")
+                raise NoImageError(f"no new frame on '{label}' within {wait_s:.2f} s")
             return [frame]
-        frame = self.history.latest()
+        frame = history.latest()
         if frame is None:
-            frame = self._wait_frame(None, wait_s, should_stop)
+            frame = self._wait_frame(history, None, wait_s, should_stop)
             if frame is None:
-                raise NoImageError(f"no image received on '{self.source_name}' yet "
+                raise NoImageError(f"no image received on '{label}' yet "
                                    f"(waited {wait_s:.2f} s)")
-        frame = self._ready_frame(frame)
+        if camera == self.default_camera:  # prefills are of the default camera's frames
+            frame = self._ready_frame(frame)
         self._check_age(frame, goal.max_age_s, "latest image")
         return [frame]
+
+    def choose_camera_frames(self, goal: ValidGoal, accepted_ns: int, deadline: float,
+                             should_stop: Callable[[], Stop | None] = lambda: None,
+                             ) -> tuple[CameraFrame[P], ...]:
+        """Return one frame per camera of the goal, in its order, within ``max_skew_s``.
+
+        Latest (within the max age) or next (after ``accepted_ns``) per camera, then
+        synchronised, waiting at most the goal's ``wait_for_image_s`` and its deadline
+        (``core/cameras.synchronized_frames``). A single-camera goal gets its frame from
+        :meth:`choose_frames`; clips are single-camera (``validate`` refuses more).
+        """
+        if len(goal.cameras) <= 1 or goal.source is Source.CLIP:
+            frames = self.choose_frames(goal, accepted_ns, deadline, should_stop)
+            return (CameraFrame(self._goal_camera(goal), frames[-1]),)
+
+        def stop_error() -> CosmosReasonError | None:
+            stop = should_stop()
+            return None if stop is None else _interrupted(stop, "while waiting for an image")
+
+        return synchronized_frames(
+            [(name, self.cameras[name]) for name in goal.cameras],
+            max_skew_s=self.max_skew_s, clock_ns=self.clock_ns,
+            wait_s=min(goal.wait_s, max(0.0, deadline - time.monotonic())),
+            max_age_s=goal.max_age_s,
+            after_ns=accepted_ns if goal.source is Source.NEXT else None,
+            should_stop=stop_error)
 
     def _check_age(self, frame: StoredFrame[P], max_age_s: float, what: str) -> None:
         age_s = (self.clock_ns() - frame.stamp_ns) / 1e9
@@ -297,14 +437,14 @@ class GoalPipeline(Generic[P]):
             raise ImageTooOldError(f"{what} is {age_s:.3f} s old; max_image_age_s="
                                    f"{max_age_s:g}")
 
-    def _clip_frames(self, goal: ValidGoal) -> list[StoredFrame[P]]:
+    def _clip_frames(self, goal: ValidGoal, history: FrameHistory[P],
+                     label: str) -> list[StoredFrame[P]]:
         s = self.settings
-        frames = self.history.clip(goal.clip_duration_s, goal.clip_fps,
-                                   max_frames=s.max_clip_frames)
+        frames = history.clip(goal.clip_duration_s, goal.clip_fps, max_frames=s.max_clip_frames)
         if len(frames) < 2:
             raise NoImageError(f"a {goal.clip_duration_s:g} s clip at {goal.clip_fps:g} fps "
                                f"needs at least 2 frames; the history holds "
-                               f"{len(self.history)} (camera: {self.source_name})")
+                               f"{len(history)} (camera: {label})")
         # "The last N seconds" means before now: a camera that stopped gives no clip.
         self._check_age(frames[-1], goal.max_age_s, "the clip's newest frame")
         # The history keeps what the camera subscription received: a camera slower than
@@ -318,12 +458,12 @@ class GoalPipeline(Generic[P]):
             raise NoImageError(
                 f"the clip holds {len(frames)} frames in {goal.clip_duration_s:g} s ({fps:.2f} "
                 f"fps) < image.clip_min_fps={s.clip_min_fps:g} (clip_fps={goal.clip_fps:g}; "
-                f"camera: {self.source_name} delivers too few frames, see RELIABILITY.md, "
+                f"camera: {label} delivers too few frames, see RELIABILITY.md, "
                 f"camera QoS)")
         if len(frames) < allowed:
             _LOG.warning("thin clip: frames=%d wanted=%d duration_s=%g clip_fps=%g "
                          "effective_fps=%.2f camera=%s", len(frames), allowed,
-                         goal.clip_duration_s, goal.clip_fps, fps, self.source_name)
+                         goal.clip_duration_s, goal.clip_fps, fps, label)
         return frames
 
     def _ready_frame(self, newest: StoredFrame[P]) -> StoredFrame[P]:
@@ -336,12 +476,12 @@ class GoalPipeline(Generic[P]):
         stamp = self.prefill.ready_frame([f.stamp_ns for f in candidates])
         return next((f for f in candidates if f.stamp_ns == stamp), newest)
 
-    def _wait_frame(self, after_ns: int | None, wait_s: float,
+    def _wait_frame(self, history: FrameHistory[P], after_ns: int | None, wait_s: float,
                     should_stop: Callable[[], Stop | None]) -> StoredFrame[P] | None:
         end = time.monotonic() + wait_s
         while True:
             remaining = end - time.monotonic()
-            frame = self.history.wait_for_next(after_ns, min(POLL_S * 4, max(0.0, remaining)))
+            frame = history.wait_for_next(after_ns, min(POLL_S * 4, max(0.0, remaining)))
             if frame is not None:
                 return frame
             stop = should_stop()
@@ -390,6 +530,28 @@ class GoalPipeline(Generic[P]):
         return Media(prepared, stamps, images[-1].frame_id, images[-1].stamp_ns,
                      lambda: rgbs[-1], clip_fps=effective)
 
+    def prepare_cameras(self, frames: tuple[CameraFrame[P], ...]) -> Media:
+        """Decode and resize one frame per camera: one request's images, in camera order.
+
+        Each image gets the whole per-image budget (``model.max_pixels``); the request's
+        limits count them all (``query.check_media_limits``).
+        """
+        prepared = [self.prepare_frame(f.frame) for f in frames]
+        if len(frames) == 1:
+            return self._named(prepared[0], frames[0].camera)
+        pairs = list(zip(frames, prepared, strict=True))
+        first = prepared[0]
+        return Media(query.combine_cameras([(f.camera, m.prepared) for f, m in pairs]),
+                     [m.stamps_ns[-1] for m in prepared], first.frame_id,
+                     first.header_stamp_ns, first.original_rgb,
+                     cameras=tuple(_camera_image(f.camera, m) for f, m in pairs))
+
+    def _named(self, media: Media, camera: str) -> Media:
+        """Return the media of one camera's image or clip, named by its camera."""
+        return dataclasses.replace(
+            media, prepared=query.combine_cameras([(camera, media.prepared)]),
+            cameras=(_camera_image(camera, media),))
+
     def media_for(self, goal: ValidGoal, accepted_ns: int, deadline: float,
                   should_stop: Callable[[], Stop | None] = lambda: None,
                   on_stage: Callable[[Stage], None] = lambda _s: None) -> Media:
@@ -400,11 +562,17 @@ class GoalPipeline(Generic[P]):
             return self.prepare_image(goal.fields.image)
         if goal.source is not Source.CLIP:
             on_stage(Stage.WAITING_FOR_IMAGE)
+        if len(goal.cameras) > 1:
+            chosen = self.choose_camera_frames(goal, accepted_ns, deadline, should_stop)
+            on_stage(Stage.PREPROCESSING)
+            return self.prepare_cameras(chosen)
         frames = self.choose_frames(goal, accepted_ns, deadline, should_stop)
         on_stage(Stage.PREPROCESSING)
         if goal.source is Source.CLIP:
-            return self.prepare_clip(frames, goal.clip_fps, goal.clip_duration_s)
-        return self.prepare_frame(frames[0])
+            media = self.prepare_clip(frames, goal.clip_fps, goal.clip_duration_s)
+        else:
+            media = self.prepare_frame(frames[0])
+        return self._named(media, self._goal_camera(goal))
 
     # --- 3. request ----------------------------------------------------------------------
 
@@ -414,7 +582,8 @@ class GoalPipeline(Generic[P]):
         return query.build_request(
             request_id or uuid.uuid4().hex, self.settings.profile, goal.spec, media.prepared,
             priority=priority,
-            engine_constrains_after_reasoning=self.settings.engine_constrains_after_reasoning)
+            engine_constrains_after_reasoning=self.settings.engine_constrains_after_reasoning,
+            limits=self.settings.limits)
 
     # --- the whole run -------------------------------------------------------------------
 
@@ -436,13 +605,22 @@ class GoalPipeline(Generic[P]):
             run.media = self.media_for(goal, accepted_ns, deadline, should_stop, on_stage)
             run.preprocess_s = time.monotonic() - t_media
             newest = run.media.stamps_ns[-1]
-            depth_frame = None if self.lifter is None else self.lifter.pick(newest)
+            depth_frame = None if self.lifter is None or not self._liftable(run.media) \
+                else self.lifter.pick(newest)
             if self.prefill is not None:
-                cancel = self.prefill.make_way_for(newest)
+                # A prefill (of the default camera's frame) shares the prefix of a goal whose
+                # first image is that frame: several cameras' images follow it in the prompt.
+                first = run.media.cameras[0].camera if run.media.cameras else None
+                if first not in (None, self.default_camera):
+                    prefix_stamp = _NO_PREFILLED_PREFIX
+                else:
+                    prefix_stamp = run.media.stamps_ns[0] if len(run.media.cameras) > 1 \
+                        else newest
+                cancel = self.prefill.make_way_for(prefix_stamp)
                 if cancel is not None:
                     cancel()  # a prefill of another frame must not delay this goal
-                if is_goal:
-                    self.prefill.goal_frame(newest)
+                if is_goal and prefix_stamp != _NO_PREFILLED_PREFIX:
+                    self.prefill.goal_frame(prefix_stamp)
             run.request = self.build_request(goal, run.media, priority)
             self._generate(run, goal, deadline, t_start, should_stop, on_stage, on_progress)
             run.answer3d = self.lift(goal, run.media, run.outcome, depth_frame)
@@ -457,6 +635,10 @@ class GoalPipeline(Generic[P]):
             return None
         if goal.source is Source.GOAL_IMAGE:
             return Answer3D(LiftCode.OFF, "the goal's own image has no depth", media.frame_id)
+        if not self._liftable(media):
+            return Answer3D(LiftCode.OFF, f"depth is lifted for the default camera "
+                            f"'{self.default_camera}' alone; this goal used cameras "
+                            f"{', '.join(c.camera for c in media.cameras)}", media.frame_id)
         geometry = media.prepared.geometry
         answer = self.lifter.lift(outcome, media.stamps_ns[-1],
                                   (geometry.original_width, geometry.original_height),
@@ -464,6 +646,10 @@ class GoalPipeline(Generic[P]):
         if self.to_target_frame is not None:
             answer = self.to_target_frame(answer, media.stamps_ns[-1])
         return answer
+
+    def _liftable(self, media: Media) -> bool:
+        """Whether the lifter (the default camera's depth) fits the media: that camera only."""
+        return all(c.camera == self.default_camera for c in media.cameras)
 
     def _generate(self, run: GoalRun, goal: ValidGoal, deadline: float, t_start: float,
                   should_stop: Callable[[], Stop | None], on_stage: Callable[[Stage], None],
@@ -518,6 +704,11 @@ class GoalPipeline(Generic[P]):
                                    Timings(time_to_first_token_s=run.time_to_first_token_s))
         if stopped is not None:
             raise stopped
+
+
+def _camera_image(camera: str, media: Media) -> CameraImage:
+    return CameraImage(camera, media.frame_id, media.header_stamp_ns, media.stamps_ns[-1],
+                       media.prepared.geometry, media.original_rgb)
 
 
 def _non_negative(name: str, value: float, what: str) -> float:

@@ -21,6 +21,7 @@ from typing import Any
 
 from cosmos_reason_ros.core.models import ModelProfile, ReasoningPlacement
 from cosmos_reason_ros.core.tasks import (
+    CAMERA_WORDS,
     COORDINATE_WORDS,
     MAX_LABEL_CHARS,
     MAX_SCHEMA_ITEMS,
@@ -216,6 +217,20 @@ def task_text(
     return text
 
 
+def _check_cameras(cameras: Sequence[str], n_images: int, video: bool) -> None:
+    if len(cameras) > 1 and (video or len(cameras) != n_images):
+        raise BadRequestError(
+            f"{len(cameras)} camera names for {n_images} images"
+            f"{' and a video' if video else ''}; a multi-camera request has one image per "
+            f"camera and no video"
+        )
+
+
+def quote_cameras(cameras: Sequence[str]) -> str:
+    """Camera names as the prompt and problems quote them: ``"front", "wrist"``."""
+    return ", ".join(f'"{name}"' for name in cameras)
+
+
 def build_request_messages(
     profile: ModelProfile,
     task: str | Task,
@@ -225,19 +240,29 @@ def build_request_messages(
     n_images: int = 1,
     video: bool = False,
     max_prompt_chars: int = MAX_PROMPT_CHARS,
+    cameras: Sequence[str] = (),
 ) -> tuple[Message, ...]:
     """Build the chat messages for one goal: ``prefix_messages`` plus the task text.
 
     With reasoning on, Cosmos-Reason2 / Qwen3-VL get the format instruction appended to the
     user text after a blank line; Cosmos-Reason1 / Qwen2.5-VL get it as the system prompt.
+
+    ``cameras`` names the images of a multi-camera request, in order (one name per image).
+    With two or more, the text starts with the profile's sentence naming each image, and
+    coordinate tasks ask for the camera of every entry. One name or none changes nothing.
     """
     task, prompt, cleaned = validate_goal_text(task, prompt, targets, max_prompt_chars)
     if spec_for(task).needs_video and not video:
         raise BadRequestError(
             f"task '{task.value}' needs a video clip; the request has only images"
         )
+    _check_cameras(cameras, n_images, video)
     prefix = prefix_messages(profile, n_images, video, reasoning)
     text = task_text(task, prompt, cleaned, profile.coordinates, n_images, video)
+    if len(cameras) > 1:
+        if spec_for(task).has_coordinates:
+            text = f"{text}\n{CAMERA_WORDS.format(cameras=quote_cameras(cameras))}"
+        text = f"{profile.introduce_cameras(cameras)}\n{text}"
     if reasoning and profile.reasoning_placement is ReasoningPlacement.USER_SUFFIX:
         text = f"{text}\n\n{profile.reasoning_prompt}"
     media_turn = prefix[-1]
@@ -268,18 +293,24 @@ def _label_schema(targets: Sequence[str]) -> dict[str, Any]:
 
 
 def _coordinates_array(key: str, count: int, coordinate: dict[str, Any],
-                       label: dict[str, Any], min_items: int) -> dict[str, Any]:
+                       label: dict[str, Any], min_items: int,
+                       cameras: Sequence[str] = ()) -> dict[str, Any]:
+    properties: dict[str, Any] = {
+        key: {"type": "array", "items": coordinate, "minItems": count, "maxItems": count},
+        "label": label,
+    }
+    required = [key, "label"]
+    if len(cameras) > 1:  # which image the coordinates are in; an enum, so never guessed
+        properties["camera"] = {"type": "string", "enum": list(cameras)}
+        required.append("camera")
     return {
         "type": "array",
         "minItems": min_items,
         "maxItems": MAX_SCHEMA_ITEMS,
         "items": {
             "type": "object",
-            "properties": {
-                key: {"type": "array", "items": coordinate, "minItems": count, "maxItems": count},
-                "label": label,
-            },
-            "required": [key, "label"],
+            "properties": properties,
+            "required": required,
             "additionalProperties": False,
         },
     }
@@ -290,13 +321,16 @@ def task_schema(
     targets: Iterable[str] = (),
     convention: CoordinateConvention = CoordinateConvention.NORMALIZED_1000,
     input_size: tuple[int, int] | None = None,
+    cameras: Sequence[str] = (),
 ) -> dict[str, Any] | None:
     """JSON schema for a structured task's answer (``None`` for free-text tasks).
 
     Every string, array and number is bounded so that constrained decoding terminates even
     with random weights. Coordinates are integers in 0..1000 for ``NORMALIZED_1000`` and in
-    0..max(``input_size``) for ``INPUT_PIXELS``. Labels are restricted to the targets when
-    targets are given.
+    0..max(``input_size``) for ``INPUT_PIXELS`` (with several images: the largest input
+    side of any). Labels are restricted to the targets when targets are given. With two or
+    more ``cameras`` every coordinate entry requires a ``camera``, one of those names;
+    answers about the whole scene (verify, count) keep their schema.
     """
     shape = spec_for(parse_task(task)).schema
     if shape is None:
@@ -305,7 +339,7 @@ def task_schema(
         return shape.build()
     cleaned = [t.strip() for t in targets if t.strip()] if shape.labels_from_targets else []
     return _coordinates_array(shape.key, shape.arity, _coordinate_schema(convention, input_size),
-                              _label_schema(cleaned), shape.min_items)
+                              _label_schema(cleaned), shape.min_items, cameras)
 
 
 _SCHEMA_TYPES = frozenset({"object", "array", "string", "number", "integer", "boolean", "null"})
@@ -536,8 +570,9 @@ def schema_for_request(
     convention: CoordinateConvention,
     input_size: tuple[int, int] | None = None,
     user_schema: Mapping[str, Any] | None = None,
+    cameras: Sequence[str] = (),
 ) -> dict[str, Any] | None:
     """Return the schema to constrain a request with: the user's (validated) or the task's."""
     if user_schema is not None:
         return validate_schema(dict(user_schema))
-    return task_schema(task, targets, convention, input_size)
+    return task_schema(task, targets, convention, input_size, cameras)

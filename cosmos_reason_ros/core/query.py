@@ -28,6 +28,7 @@ from cosmos_reason_ros.core.types import (
     ChatRequest,
     FinishReason,
     ImageGeometry,
+    PromptTooLongError,
     ReasonOutcome,
     Sampling,
     Task,
@@ -44,7 +45,19 @@ class QueryLimits:
     max_tokens: int = 4096
     max_prompt_chars: int = prompts.MAX_PROMPT_CHARS
     max_schema_bytes: int = prompts.MAX_SCHEMA_BYTES
-    max_image_pixels: int = 0  # package resize budget; 0 = the profile's default
+    max_image_pixels: int = 0  # package resize budget per image; 0 = the profile's default
+    # Images one request may carry (the engine's limit_mm_per_prompt "image"); every camera
+    # of a goal sends one. 0 = prompts.MAX_IMAGES.
+    max_images: int = 0
+    # The engine's context length (engine.max_model_len): a request whose images alone fill
+    # it is refused before it reaches the engine. 0 = left to the engine.
+    max_model_len: int = 0
+
+    @property
+    def images_per_request(self) -> int:
+        """The most images one request may carry."""
+        return min(self.max_images, prompts.MAX_IMAGES) if self.max_images > 0 \
+            else prompts.MAX_IMAGES
 
 
 @dataclass(frozen=True)
@@ -61,12 +74,80 @@ class QuerySpec:
 
 
 @dataclass(frozen=True)
+class CameraView:
+    """One named camera's image in a request: the name the prompt uses and its geometry."""
+
+    camera: str
+    geometry: ImageGeometry
+
+
+@dataclass(frozen=True)
 class PreparedMedia:
-    """Model-ready pixels (one image or a clip) and the geometry to map answers back."""
+    """Model-ready pixels (one image, a clip, or one image per camera) and their geometry.
+
+    ``geometry`` is the (first) image's. ``views`` names the cameras the media came from, in
+    image order: empty for an image without a camera (the goal's own), one for a camera's
+    image or clip, one per image for a multi-camera request (built by
+    :func:`combine_cameras`), whose answers are mapped back per camera.
+    """
 
     geometry: ImageGeometry
     images: tuple[np.ndarray, ...] = ()
     video: Video | None = None
+    views: tuple[CameraView, ...] = ()
+
+    @property
+    def cameras(self) -> tuple[str, ...]:
+        """The camera names, in image order (empty without cameras)."""
+        return tuple(v.camera for v in self.views)
+
+
+def combine_cameras(named: Sequence[tuple[str, PreparedMedia]]) -> PreparedMedia:
+    """Name prepared media by camera; several cameras' images become one request's media.
+
+    One camera: its image or clip, named. Several: their images in the order given (each
+    already resized within the per-image budget), each with its own geometry.
+    """
+    if not named:
+        raise BadRequestError("a request needs at least one camera's media")
+    if len(named) == 1:
+        camera, media = named[0]
+        return dataclasses.replace(media, views=(CameraView(camera, media.geometry),))
+    for camera, media in named:
+        if media.video is not None or len(media.images) != 1:
+            raise BadRequestError(f"camera {camera!r}: a multi-camera request takes one image "
+                                  f"per camera, not a clip")
+    return PreparedMedia(
+        named[0][1].geometry, images=tuple(m.images[0] for _c, m in named),
+        views=tuple(CameraView(camera, m.geometry) for camera, m in named))
+
+
+def check_media_limits(profile: ModelProfile, media: PreparedMedia,
+                       limits: QueryLimits) -> None:
+    """Refuse media the engine cannot take: too many images, or images that fill the context.
+
+    Every image counts (one per camera). The context check is a lower bound (the images'
+    visual tokens, without the text), so it never refuses a request the engine would take.
+    """
+    allowed = limits.images_per_request
+    if len(media.images) > allowed:
+        raise BadRequestError(
+            f"the request has {len(media.images)} images; at most {allowed} fit one request "
+            f"(the engine's limit_mm_per_prompt)")
+    if limits.max_model_len <= 0:
+        return
+    tokens = [profile.visual_tokens(int(i.shape[1]), int(i.shape[0])) for i in media.images]
+    if media.video is not None:
+        height, width = media.video.frames[0].shape[:2]
+        tokens.append(profile.video_tokens(int(width), int(height), len(media.video.frames)))
+    if sum(tokens) >= limits.max_model_len:
+        names = media.cameras if len(media.cameras) == len(tokens) else ("",) * len(tokens)
+        parts = " + ".join(f"{n} ({name})" if name else str(n)
+                           for n, name in zip(tokens, names, strict=True))
+        raise PromptTooLongError(
+            f"the images alone take {sum(tokens)} visual tokens ({parts}), and "
+            f"engine.max_model_len is {limits.max_model_len}; use fewer cameras or frames, a "
+            f"smaller model.max_pixels, or raise the context")
 
 
 def make_spec(
@@ -166,8 +247,11 @@ def request_schema(
         return spec.user_schema
     if not spec.constrain:
         return None
-    size = (media.geometry.input_width, media.geometry.input_height)
-    return prompts.task_schema(spec.task, spec.targets, profile.coordinates, size)
+    geometries = [v.geometry for v in media.views] or [media.geometry]
+    # One bound for all images: the largest input side of any (INPUT_PIXELS coordinates).
+    size = (max(g.input_width for g in geometries), max(g.input_height for g in geometries))
+    return prompts.task_schema(spec.task, spec.targets, profile.coordinates, size,
+                               media.cameras)
 
 
 def build_request(
@@ -178,11 +262,14 @@ def build_request(
     *,
     engine_constrains_after_reasoning: bool = False,
     priority: int = 0,
+    limits: QueryLimits | None = None,
 ) -> ChatRequest:
-    """Assemble the engine request for a spec and prepared media."""
+    """Assemble the engine request for a spec and prepared media (limits: the media's)."""
+    if limits is not None:
+        check_media_limits(profile, media, limits)
     messages = prompts.build_request_messages(
         profile, spec.task, spec.prompt, spec.targets, spec.reasoning,
-        n_images=len(media.images), video=media.video is not None,
+        n_images=len(media.images), video=media.video is not None, cameras=media.cameras,
     )
     schema = request_schema(profile, spec, media, engine_constrains_after_reasoning)
     return ChatRequest(
@@ -269,9 +356,14 @@ def finish(
     if server_reasoning is not None:  # keep the raw text complete for the result
         parsed = dataclasses.replace(parsed, raw_text=output.raw_text())
     problems: list[str] = []
-    boxes, points, trajectories = geometry.map_answer(
-        parsed, media.geometry, profile.coordinates, problems
-    )
+    if media.views:  # each item in its own camera's pixels, named
+        boxes, points, trajectories = geometry.map_answer_by_camera(
+            parsed, {v.camera: v.geometry for v in media.views}, profile.coordinates, problems
+        )
+    else:
+        boxes, points, trajectories = geometry.map_answer(
+            parsed, media.geometry, profile.coordinates, problems
+        )
     if problems:
         parsed = dataclasses.replace(parsed, problems=(*parsed.problems, *problems))
     tokens = TokenCounts(output.prompt_tokens, output.output_tokens, output.cached_prompt_tokens)

@@ -40,6 +40,12 @@ COORDINATE_WORDS: Mapping[CoordinateConvention, str] = MappingProxyType({
     CoordinateConvention.INPUT_PIXELS: "with coordinates in pixels of the image",
 })
 
+# With several cameras a coordinate means nothing without the image it is in: coordinate
+# tasks ask for the camera of every entry (the schema then requires it, from the goal's
+# camera names). ``{cameras}`` is the names, quoted and comma-separated.
+CAMERA_WORDS = ('Add "camera" to every entry: the camera whose image shows it (one of '
+                "{cameras}); its coordinates are in that camera's image.")
+
 
 class PromptUse(str, enum.Enum):
     """Where the goal's prompt goes in the task text."""

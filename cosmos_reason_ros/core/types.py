@@ -243,6 +243,9 @@ class Box:
     label: str = ""
     score: float | None = None
     degenerate: bool = False  # zero area after clamping / fixing
+    # The camera whose image holds it: as the model wrote it in a parsed answer, the camera's
+    # name once mapped to pixels; "" when the request had no named camera (the goal's image).
+    camera: str = ""
 
 
 @dataclass(frozen=True)
@@ -252,14 +255,16 @@ class Point:
     x: float
     y: float
     label: str = ""
+    camera: str = ""  # as ``Box.camera``
 
 
 @dataclass(frozen=True)
 class Trajectory:
-    """An ordered list of points (e.g. an end-effector path)."""
+    """An ordered list of points (e.g. an end-effector path), all in one camera's image."""
 
     points: tuple[Point, ...]
     label: str = ""
+    camera: str = ""  # as ``Box.camera``
 
 
 @dataclass(frozen=True)

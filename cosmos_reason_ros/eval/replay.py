@@ -453,24 +453,25 @@ class OfflineRunner:
             if cfg.model:
                 values["engine.model"] = cfg.model
             p = self.params = validate(values)
-            self.profile = detect_profile(p["engine.model"] or "unknown",
-                                          None if p["model.family"] == "auto"
-                                          else p["model.family"])
+            self.profile = detect_profile(p.engine.model or "unknown",
+                                          None if p.model.family == "auto"
+                                          else p.model.family)
         except (ConfigError, CosmosReasonError) as e:
             raise ReplayError(f"--preset/--model/--param: {e}", EXIT_BAD_INPUT) from e
         self.depth_topics: tuple[str, str] | None = None
-        if p["depth.enabled"]:
+        if p.depth.enabled:
             try:
                 self.depth_topics = bagio.pick_depth_topics(
                     bagio.bag_info(cfg.bag), cfg.depth_topic, cfg.camera_info_topic)
             except bagio.BagError as e:
                 raise ReplayError(f"depth.enabled: {e}", EXIT_BAD_INPUT) from e
-            if p["depth.target_frame"]:
+            if p.depth.target_frame:
                 _LOG.warning("depth.target_frame=%s is ignored offline (no tf): positions stay "
-                             "in the camera's optical frame", p["depth.target_frame"])
-        self.runner = EngineRunner(engine or create_engine(p["engine.kind"], engine_options(p)))
+                             "in the camera's optical frame", p.depth.target_frame)
+        self.runner = EngineRunner(engine or create_engine(p.engine.kind,
+                                                           engine_options(p.engine)))
         try:
-            self.runner.start(timeout_s=p["engine.start_timeout_s"])
+            self.runner.start(timeout_s=p.engine.start_timeout_s)
         except CosmosReasonError as e:
             self.runner.close()
             raise ReplayError(f"engine did not start: {e.message}") from e
@@ -494,11 +495,11 @@ class OfflineRunner:
         p = self.params
         now = [info.start_ns]
         history: FrameHistory[tuple[bool, bytes]] = FrameHistory(
-            max_frames=p["image.history_frames"], max_bytes=int(p["image.history_mb"] * 2**20),
+            max_frames=p.image.history_frames, max_bytes=int(p.image.history_mb * 2**20),
             clock=lambda: now[0])
         settings = Settings.from_params(p, self.profile)
         depth_history: FrameHistory[tuple[bool, bytes]] | None = None
-        camera = _CameraInfoReader(p["depth.rectified"])
+        camera = _CameraInfoReader(p.depth.rectified)
         lifter = None
         topics = [image_topic]
         depth_topic = ""
@@ -507,7 +508,7 @@ class OfflineRunner:
             if image_topic in self.depth_topics:
                 raise ReplayError(f"the image topic {image_topic} is also the depth or "
                                   f"camera_info topic", EXIT_BAD_INPUT)
-            depth_history = FrameHistory(max_frames=p["depth.history_frames"],
+            depth_history = FrameHistory(max_frames=p.depth.history_frames,
                                          clock=lambda: now[0])
             lifter = DepthLifter(settings.depth, depth_history, read_stored_frame,
                                  camera.model)

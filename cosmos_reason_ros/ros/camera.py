@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
 
 from rclpy.node import Node
 from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy, qos_profile_sensor_data
 from sensor_msgs.msg import CameraInfo, CompressedImage, Image
 
 from cosmos_reason_ros.core.frames import FrameHistory
+from cosmos_reason_ros.core.params import NodeParams
 from cosmos_reason_ros.core.rgbd import CameraModel
 from cosmos_reason_ros.core.types import CosmosReasonError
 from cosmos_reason_ros.ros import cdr
@@ -28,7 +28,7 @@ StoredMessage = tuple[bool, bytes]  # (compressed, serialized bytes)
 class Camera:
     """A camera's histories and subscriptions (the node's default camera today)."""
 
-    def __init__(self, node: Node, ingest: Node, params: dict[str, Any],
+    def __init__(self, node: Node, ingest: Node, params: NodeParams,
                  clock_ns: Callable[[], int], on_frame: Callable[[], None]) -> None:
         """Subscribe on ``ingest`` per the ``image.*`` and ``depth.*`` parameters."""
         p = params
@@ -37,29 +37,29 @@ class Camera:
         self._on_frame = on_frame
         self.last_frame_monotonic: float | None = None
         self.history: FrameHistory[StoredMessage] = FrameHistory(
-            max_frames=p["image.history_frames"],
-            max_bytes=int(p["image.history_mb"] * 1024 * 1024), clock=clock_ns)
+            max_frames=p.image.history_frames,
+            max_bytes=int(p.image.history_mb * 1024 * 1024), clock=clock_ns)
         qos = QoSProfile(
-            history=HistoryPolicy.KEEP_LAST, depth=p["image.qos_depth"],
+            history=HistoryPolicy.KEEP_LAST, depth=p.image.qos_depth,
             reliability=ReliabilityPolicy.BEST_EFFORT
-            if p["image.qos_reliability"] == "best_effort" else ReliabilityPolicy.RELIABLE)
+            if p.image.qos_reliability == "best_effort" else ReliabilityPolicy.RELIABLE)
         # raw=True: the callback receives the serialized bytes, so ingest costs a stamp read
         # instead of a full deserialization of every 6 MB frame at 30 Hz.
         self.subscriptions = []
-        if p["image.input"] in ("raw", "both"):
+        if p.image.input in ("raw", "both"):
             self.subscriptions.append(ingest.create_subscription(
                 Image, node.resolve_topic_name("image"), lambda d: self._store(d, False), qos,
                 raw=True))
-        if p["image.input"] in ("compressed", "both"):
+        if p.image.input in ("compressed", "both"):
             self.subscriptions.append(ingest.create_subscription(
                 CompressedImage, node.resolve_topic_name("image/compressed"),
                 lambda d: self._store(d, True), qos, raw=True))
         self.depth_history: FrameHistory[StoredMessage] | None = None
         self._model: CameraModel | None = None
-        self._rectified = p["depth.rectified"]
+        self._rectified = p.depth.rectified
         self._warned_distortion = False
-        if p["depth.enabled"]:
-            self.depth_history = FrameHistory(max_frames=p["depth.history_frames"],
+        if p.depth.enabled:
+            self.depth_history = FrameHistory(max_frames=p.depth.history_frames,
                                               clock=clock_ns)
             # Depth with the colour stream's QoS (a driver publishes both alike); CameraInfo
             # as drivers publish it, sensor data QoS.

@@ -2,7 +2,11 @@
 
 The table is plain data so that the config presets, the docs, the parameter descriptors and
 the tests can all be checked against it; ``declare_and_load`` is the only part that touches
-rclpy. Every value is validated once at startup; a bad one raises ``ConfigError`` naming the
+rclpy. Code reads the values as the typed, frozen ``core/params.NodeParams`` that
+``validate`` returns (``params.limits.max_tokens``), generated from this table by
+``scripts/gen_params.py``.
+
+Every value is validated once at startup; a bad one raises ``ConfigError`` naming the
 parameter, the value and what is allowed, and the node exits instead of running
 half-configured. So does a parameter name the node does not have, and a parameters file none
 of whose sections applies to the node (e.g. keyed ``cosmos_reason:`` while the node runs in a
@@ -21,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cosmos_reason_ros.core.models import looks_like_local_path, missing_path_hint
+from cosmos_reason_ros.core.params import EngineParams, NodeParams
 from cosmos_reason_ros.core.prompts import DEFAULT_TASK
 from cosmos_reason_ros.core.tasks import find_spec
 from cosmos_reason_ros.engines.factory import ENGINE_KINDS
@@ -122,7 +127,8 @@ def _range(low: float, high: float = math.inf, *, low_open: bool = False) -> Ran
 _json_object = JsonObject()
 
 
-# Defaults in one place; config/*.yaml presets override them. Keep docs/PARAMETERS.md in step.
+# Defaults in one place; config/*.yaml presets override them. After a change, run
+# python scripts/gen_params.py (core/params.py and docs/PARAMETERS.md come from this table).
 PARAMS: tuple[Param, ...] = (
     # --- engine.* ------------------------------------------------------------------------
     Param("engine.kind", "vllm", "Inference backend: 'vllm' (in-process AsyncLLM) or 'openai' "
@@ -324,10 +330,12 @@ def _model_problem(model: str) -> str | None:
             f"directory or a hub model id such as nvidia/Cosmos-Reason2-2B")
 
 
-def validate(values: Mapping[str, Any]) -> dict[str, Any]:
-    """Check every value against its parameter; return the complete, typed mapping.
+def validate(values: Mapping[str, Any]) -> NodeParams:
+    """Check every value against its parameter; return the complete, typed ``NodeParams``.
 
-    Unknown names are errors (a typo in a preset must not be silently ignored).
+    Unknown names are errors (a typo in a preset must not be silently ignored). Values not
+    given take the table's defaults; a runtime change validates the whole set again
+    (``validate({**params.to_values(), **changes})``).
     """
     unknown = sorted(set(values) - set(PARAMS_BY_NAME))
     if unknown:
@@ -347,57 +355,65 @@ def validate(values: Mapping[str, Any]) -> dict[str, Any]:
         if problem:
             problems.append(f"{param.name}={value!r}: {problem}")
         result[param.name] = value
-    if not problems and result["engine.kind"] == "vllm":
-        problem = _model_problem(result["engine.model"])
-        if problem:
-            problems.append(problem)
-    if not problems and result["engine.kind"] == "openai" and not result["engine.endpoints"]:
-        problems.append("engine.endpoints=[]: the openai engine needs at least one URL")
-    periodic_task = find_spec(result["periodic.task"] or DEFAULT_TASK.value)
-    if not problems and result["periodic.enabled"] and not result["periodic.prompt"].strip() \
-            and periodic_task is not None and periodic_task.needs_prompt:
-        problems.append("periodic.prompt='': periodic.enabled needs a prompt for this task")
-    if not problems and result["depth.max_m"] <= result["depth.min_m"]:
-        problems.append(f"depth.max_m={result['depth.max_m']!r}: must be greater than "
-                        f"depth.min_m={result['depth.min_m']!r}")
     if problems:
         raise ConfigError("invalid parameters: " + "; ".join(problems))
-    return result
+    params = NodeParams.from_values(result)
+    problem = _combination_problem(params)
+    if problem:
+        raise ConfigError("invalid parameters: " + problem)
+    return params
 
 
-def engine_options(values: Mapping[str, Any]) -> dict[str, Any]:
+def _combination_problem(p: NodeParams) -> str | None:
+    """Return the first problem of values that are each valid but not together, or None."""
+    if p.engine.kind == "vllm":
+        problem = _model_problem(p.engine.model)
+        if problem:
+            return problem
+    if p.engine.kind == "openai" and not p.engine.endpoints:
+        return "engine.endpoints=[]: the openai engine needs at least one URL"
+    periodic_task = find_spec(p.periodic.task or DEFAULT_TASK.value)
+    if p.periodic.enabled and not p.periodic.prompt.strip() \
+            and periodic_task is not None and periodic_task.needs_prompt:
+        return "periodic.prompt='': periodic.enabled needs a prompt for this task"
+    if p.depth.max_m <= p.depth.min_m:
+        return (f"depth.max_m={p.depth.max_m!r}: must be greater than "
+                f"depth.min_m={p.depth.min_m!r}")
+    return None
+
+
+def engine_options(e: EngineParams) -> dict[str, Any]:
     """Translate validated ``engine.*`` values into the chosen engine's config mapping."""
-    if values["engine.kind"] == "openai":
+    if e.kind == "openai":
         return {
-            "endpoints": tuple(values["engine.endpoints"]),
-            "model": values["engine.model"],
-            "api_key_env": values["engine.api_key_env"],
-            "connect_timeout_s": values["engine.connect_timeout_s"],
-            "read_timeout_s": values["engine.read_timeout_s"],
-            "start_timeout_s": values["engine.start_timeout_s"],
+            "endpoints": tuple(e.endpoints),
+            "model": e.model,
+            "api_key_env": e.api_key_env,
+            "connect_timeout_s": e.connect_timeout_s,
+            "read_timeout_s": e.read_timeout_s,
+            "start_timeout_s": e.start_timeout_s,
         }
-    extra = json.loads(values["engine.extra_args"]) if values["engine.extra_args"] else {}
-    mm_kwargs = values["engine.mm_processor_kwargs"]
     return {
-        "model": values["engine.model"],
-        "served_model_name": values["engine.served_model_name"],
-        "dtype": values["engine.dtype"],
-        "max_model_len": values["engine.max_model_len"],
-        "gpu_memory_utilization": values["engine.gpu_memory_utilization"],
-        "enable_prefix_caching": values["engine.enable_prefix_caching"],
-        "enforce_eager": values["engine.enforce_eager"],
-        "quantization": values["engine.quantization"] or None,
-        "limit_mm_per_prompt": json.loads(values["engine.limit_mm_per_prompt"]),
-        "mm_processor_kwargs": json.loads(mm_kwargs) if mm_kwargs else None,
-        "mm_processor_cache_gb": values["engine.mm_processor_cache_gb"],
-        "structured_outputs_backend": values["engine.structured_outputs_backend"],
-        "max_num_seqs": values["engine.max_num_seqs"] or None,
-        "max_num_batched_tokens": values["engine.max_num_batched_tokens"] or None,
-        "kv_cache_memory_bytes": values["engine.kv_cache_memory_bytes"] or None,
-        "extra_engine_args": extra,
-        "warmup_image_width": values["engine.warmup_width"],
-        "warmup_image_height": values["engine.warmup_height"],
-        "shutdown_timeout_s": values["engine.shutdown_timeout_s"],
+        "model": e.model,
+        "served_model_name": e.served_model_name,
+        "dtype": e.dtype,
+        "max_model_len": e.max_model_len,
+        "gpu_memory_utilization": e.gpu_memory_utilization,
+        "enable_prefix_caching": e.enable_prefix_caching,
+        "enforce_eager": e.enforce_eager,
+        "quantization": e.quantization or None,
+        "limit_mm_per_prompt": json.loads(e.limit_mm_per_prompt),
+        "mm_processor_kwargs": json.loads(e.mm_processor_kwargs) if e.mm_processor_kwargs
+        else None,
+        "mm_processor_cache_gb": e.mm_processor_cache_gb,
+        "structured_outputs_backend": e.structured_outputs_backend,
+        "max_num_seqs": e.max_num_seqs or None,
+        "max_num_batched_tokens": e.max_num_batched_tokens or None,
+        "kv_cache_memory_bytes": e.kv_cache_memory_bytes or None,
+        "extra_engine_args": json.loads(e.extra_args) if e.extra_args else {},
+        "warmup_image_width": e.warmup_width,
+        "warmup_image_height": e.warmup_height,
+        "shutdown_timeout_s": e.shutdown_timeout_s,
     }
 
 
@@ -542,7 +558,7 @@ def _is_ros_own(name: str, node: Any) -> bool:
     return node.has_parameter(name) or name.startswith("qos_overrides.")
 
 
-def declare_and_load(node: Any, argv: Sequence[str] | None = None) -> dict[str, Any]:
+def declare_and_load(node: Any, argv: Sequence[str] | None = None) -> NodeParams:
     """Declare every parameter on ``node`` and return the validated values.
 
     The values come from the node's parameter overrides (parameters files, ``-p``); before
@@ -566,9 +582,10 @@ def declare_and_load(node: Any, argv: Sequence[str] | None = None) -> dict[str, 
             f"file or -p; docs/PARAMETERS.md lists the parameters)")
     check_params_files(ros_params_files(sys.argv if argv is None else argv), fqn,
                        node._parameter_overrides)
-    values = validate(overrides)
+    params = validate(overrides)
+    values = params.to_values()
     for param in PARAMS:
         # ignore_override: the override was validated (and typed) above.
         node.declare_parameter(param.name, values[param.name], descriptor(param),
                                ignore_override=True)
-    return values
+    return params

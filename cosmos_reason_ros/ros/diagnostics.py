@@ -31,8 +31,8 @@ def node_status(node: ReasonNode) -> DiagnosticStatus:
         bad = health.state.value in UNAVAILABLE_STATES
         level = max(level, DiagnosticStatus.ERROR if bad else DiagnosticStatus.WARN)
         problems.append(f"engine {health.state.value}")
-    if silent_s is None or silent_s > p["diagnostics.camera_warn_s"]:
-        error = silent_s is None or silent_s > p["diagnostics.camera_error_s"]
+    if silent_s is None or silent_s > p.diagnostics.camera_warn_s:
+        error = silent_s is None or silent_s > p.diagnostics.camera_error_s
         level = max(level, DiagnosticStatus.ERROR if error else DiagnosticStatus.WARN)
         problems.append("no camera frames yet" if silent_s is None
                         else f"camera silent for {silent_s:.1f} s")
@@ -47,7 +47,7 @@ def node_status(node: ReasonNode) -> DiagnosticStatus:
         **{f"gc_{k}": round(v, 4) if isinstance(v, float) else v
            for k, v in dataclasses.asdict(node.gc_pauses.stats()).items()},
         "detections_left_out": node.outputs.detections_left_out,
-        "prefill_enabled": p["prefill.enabled"],
+        "prefill_enabled": p.prefill.enabled,
         **{(k if k.startswith("goals") else f"prefill_{k}"): v
            for k, v in dataclasses.asdict(node.prefill.counts()).items()},
     }

@@ -14,6 +14,7 @@ from std_msgs.msg import Header
 
 from cosmos_reason_interfaces.msg import (
     Box2D,
+    CameraFrame,
     Point2D,
     Position3D,
     ReasoningResult,
@@ -23,7 +24,7 @@ from cosmos_reason_interfaces.msg import (
 from cosmos_reason_ros.core.answer3d import Answer3D, LiftCode
 from cosmos_reason_ros.core.imaging import ImageMessage, rgb_to_image_fields
 from cosmos_reason_ros.core.lifting import Lifted
-from cosmos_reason_ros.core.pipeline import GoalFields, GoalRun
+from cosmos_reason_ros.core.pipeline import CameraImage, GoalFields, GoalRun
 from cosmos_reason_ros.core.types import (
     CosmosReasonError,
     ErrorCode,
@@ -48,7 +49,7 @@ def ns_to_stamp(ns: int) -> Time:
 
 
 def _point(p: Point) -> Point2D:
-    return Point2D(label=p.label, x=float(p.x), y=float(p.y))
+    return Point2D(label=p.label, camera=p.camera, x=float(p.x), y=float(p.y))
 
 
 def fill_outcome(msg: ReasoningResult, outcome: ReasonOutcome, geometry: ImageGeometry,
@@ -60,13 +61,15 @@ def fill_outcome(msg: ReasoningResult, outcome: ReasonOutcome, geometry: ImageGe
     msg.answer = parsed.answer
     msg.answer_json = parsed.answer_json or ""
     msg.boxes = [
-        Box2D(label=b.label, score=float(b.score) if b.score is not None else math.nan,
+        Box2D(label=b.label, camera=b.camera,
+              score=float(b.score) if b.score is not None else math.nan,
               x_min=float(b.x_min), y_min=float(b.y_min), x_max=float(b.x_max),
               y_max=float(b.y_max), degenerate=bool(b.degenerate))
         for b in outcome.boxes
     ]
     msg.points = [_point(p) for p in outcome.points]
-    msg.trajectories = [Trajectory2D(label=t.label, points=[_point(p) for p in t.points])
+    msg.trajectories = [Trajectory2D(label=t.label, camera=t.camera,
+                                     points=[_point(p) for p in t.points])
                         for t in outcome.trajectories]
     start = clip_start_ns or 0
     msg.spans = [
@@ -114,6 +117,16 @@ def stamps(stamps_ns: Sequence[int]) -> list[Time]:
     return [ns_to_stamp(s) for s in stamps_ns]
 
 
+def camera_frame(camera: CameraImage) -> CameraFrame:
+    """One camera's entry of ``ReasoningResult.camera_frames``."""
+    g = camera.geometry
+    return CameraFrame(camera=camera.camera,
+                       header=Header(stamp=ns_to_stamp(camera.header_stamp_ns),
+                                     frame_id=camera.frame_id),
+                       image_width=g.original_width, image_height=g.original_height,
+                       input_width=g.input_width, input_height=g.input_height)
+
+
 def fill_run(msg: ReasoningResult, run: GoalRun) -> None:
     """Copy what a pipeline run produced: source header, frames, outcome (partial too), times.
 
@@ -127,6 +140,7 @@ def fill_run(msg: ReasoningResult, run: GoalRun) -> None:
     msg.header = Header(stamp=ns_to_stamp(run.media.header_stamp_ns),
                         frame_id=run.media.frame_id)
     msg.frame_stamps = stamps(run.media.stamps_ns)
+    msg.camera_frames = [camera_frame(c) for c in run.media.cameras]
     msg.clip_fps = run.media.clip_fps
     if run.outcome is not None:
         fill_outcome(msg, run.outcome, run.media.prepared.geometry, run.media.clip_start_ns)
@@ -182,4 +196,5 @@ def goal_fields(goal: Any) -> GoalFields:
         wait_for_image_s=goal.wait_for_image_s, clip_duration_s=goal.clip_duration_s,
         clip_fps=goal.clip_fps, response_schema=goal.response_schema,
         max_tokens=goal.max_tokens, temperature=goal.temperature, greedy=goal.greedy,
-        timeout_s=goal.timeout_s, image=image, images_in_goal=int(has_image) + int(has_compressed))
+        timeout_s=goal.timeout_s, image=image, images_in_goal=int(has_image) + int(has_compressed),
+        cameras=tuple(goal.cameras))

@@ -8,8 +8,6 @@ diagnostics and optional outputs. Threads and what each may touch: docs/DEVELOPI
 from __future__ import annotations
 
 import collections
-import os
-import signal
 import sys
 import threading
 import time
@@ -22,19 +20,17 @@ from rcl_interfaces.msg import SetParametersResult
 from rclpy.action import ActionServer, CancelResponse, GoalResponse
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallbackGroup
 from rclpy.executors import (
-    ExternalShutdownException,
-    MultiThreadedExecutor,
     SingleThreadedExecutor,
 )
 from rclpy.node import Node
 from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
-from rclpy.signals import SignalHandlerOptions
 
 from cosmos_reason_interfaces.action import Reason
 from cosmos_reason_interfaces.msg import ReasoningResult
 from cosmos_reason_ros.core.admission import GoalSlots
 from cosmos_reason_ros.core.answer3d import DepthLifter
 from cosmos_reason_ros.core.models import ModelProfile, detect_profile
+from cosmos_reason_ros.core.params import NodeParams
 from cosmos_reason_ros.core.pipeline import GoalPipeline, Settings, Stage, Stop
 from cosmos_reason_ros.core.prefill import PrefillPolicy
 from cosmos_reason_ros.core.prompts import DEFAULT_TASK
@@ -77,18 +73,18 @@ class ReasonNode(Node):
         ``engine`` replaces the one ``engine.kind`` would build (tests inject a scripted one).
         """
         super().__init__(NODE_NAME, **kwargs)
-        self.params = declare_and_load(self)
+        self.params: NodeParams = declare_and_load(self)
         p = self.params
         try:
             self.profile: ModelProfile = detect_profile(
-                p["engine.model"] or "unknown", None if p["model.family"] == "auto"
-                else p["model.family"])
+                p.engine.model or "unknown", None if p.model.family == "auto"
+                else p.model.family)
         except CosmosReasonError as e:
             raise ConfigError(f"model.family/engine.model: {e.message}") from e
-        self.slots = GoalSlots(p["limits.max_concurrent_goals"], p["limits.max_queued_goals"])
+        self.slots = GoalSlots(p.limits.max_concurrent_goals, p.limits.max_queued_goals)
         if engine is None:
             try:
-                engine = create_engine(p["engine.kind"], engine_options(p))
+                engine = create_engine(p.engine.kind, engine_options(p.engine))
             except ValueError as e:  # the engine's own config checks (e.g. api_key_env)
                 raise ConfigError(f"invalid engine.* parameters: {e}") from e
         self.runner = EngineRunner(engine)
@@ -98,7 +94,7 @@ class ReasonNode(Node):
         self._action_server: ActionServer | None = None
         self.startup_s = 0.0
         self.latencies: collections.deque[tuple[float, float]] = collections.deque(maxlen=500)
-        self.prefill = PrefillPolicy(skip_while_busy=p["prefill.skip_while_busy"])
+        self.prefill = PrefillPolicy(skip_while_busy=p.prefill.skip_while_busy)
         self.gc_pauses = GcPauses().install()
         # Frames are taken on a node and executor of their own (same process and DDS
         # participant, names resolved with this node's remaps). On the goal executor, camera
@@ -115,7 +111,7 @@ class ReasonNode(Node):
         lifter = None if settings.depth is None or self.camera.depth_history is None \
             else DepthLifter(settings.depth, self.camera.depth_history, cdr.read_stored_frame,
                              self.camera.camera_model)
-        target_frame = TargetFrame(self, p["depth.target_frame"], p["depth.tf_timeout_s"])
+        target_frame = TargetFrame(self, p.depth.target_frame, p.depth.tf_timeout_s)
         self.pipeline = GoalPipeline(settings, self.runner,
                                      self.history, cdr.read_stored_frame, self.now_ns,
                                      self.prefill, self.camera.topics, lifter,
@@ -124,7 +120,7 @@ class ReasonNode(Node):
         self.prefill_worker = PrefillWorker(self, busy=lambda: bool(
             self.slots.running or self.slots.queued or self.periodic.busy.is_set()))
         self._prefill_wake = self.prefill_worker.wake
-        self.outputs = Outputs(self, depth=p["depth.enabled"])
+        self.outputs = Outputs(self, depth=p.depth.enabled)
         self.diagnostics_pub = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
 
     @property
@@ -156,7 +152,7 @@ class ReasonNode(Node):
         try:
             # A remote engine gives up on its own after start_timeout_s and keeps checking in
             # the background; the margin lets it, so goals reach it once the server is up.
-            self.runner.start(timeout_s=p["engine.start_timeout_s"] + (0.0 if fatal else 5.0),
+            self.runner.start(timeout_s=p.engine.start_timeout_s + (0.0 if fatal else 5.0),
                               usable_if_unavailable=not fatal)
         except CosmosReasonError as e:
             if fatal:
@@ -172,17 +168,17 @@ class ReasonNode(Node):
             goal_callback=self._on_goal, cancel_callback=lambda _: CancelResponse.ACCEPT,
             callback_group=ReentrantCallbackGroup(), goal_service_qos_profile=requests_qos,
             result_service_qos_profile=requests_qos, cancel_service_qos_profile=requests_qos,
-            result_timeout=p["limits.result_keep_s"])
+            result_timeout=p.limits.result_keep_s)
         timer_group = MutuallyExclusiveCallbackGroup()
-        self.create_timer(p["diagnostics.period_s"], self._publish_diagnostics,
+        self.create_timer(p.diagnostics.period_s, self._publish_diagnostics,
                           callback_group=timer_group)
-        if p["periodic.enabled"]:
-            self.create_timer(p["periodic.period_s"], self.periodic.on_timer,
+        if p.periodic.enabled:
+            self.create_timer(p.periodic.period_s, self.periodic.on_timer,
                               callback_group=timer_group)
         self.prefill_worker.start()
         self.add_on_set_parameters_callback(self._on_set_parameters)
         threading.Thread(target=self._ingest_executor.spin, name="ingest", daemon=True).start()
-        if p["engine.freeze_heap"]:
+        if p.engine.freeze_heap:
             frozen, took_s = freeze_heap()
             self.get_logger().info(f"heap frozen: {frozen} objects out of the garbage "
                                    f"collector's view ({took_s:.2f} s)")
@@ -194,14 +190,16 @@ class ReasonNode(Node):
         p = self.params
         self.get_logger().info(
             f"ready: model={self.runner.model_name} family={self.profile.key} "
-            f"engine={p['engine.kind']} startup_s={self.startup_s:.1f} "
-            f"max_concurrent_goals={self.slots.max_running} prefill={p['prefill.enabled']}")
+            f"engine={p.engine.kind} startup_s={self.startup_s:.1f} "
+            f"max_concurrent_goals={self.slots.max_running} prefill={p.prefill.enabled}")
 
     def _on_set_parameters(self, params: list[Any]) -> SetParametersResult:
         # Only config.RUNTIME_PARAMS reach here (the rest are declared read-only); checked
-        # like startup values, and applied only if all of them are valid.
+        # like startup values, and applied only if all of them are valid: a new frozen
+        # NodeParams replaces the old one whole.
         try:
-            updated = validate({**self.params, **{p.name: p.value for p in params}})
+            updated = validate({**self.params.to_values(),
+                                **{p.name: p.value for p in params}})
         except ConfigError as e:
             return SetParametersResult(successful=False, reason=str(e))
         self.params = updated
@@ -248,7 +246,7 @@ class ReasonNode(Node):
                 f"{SHUTDOWN_GOALS_S:g} s after the stop: closing the engine under them")
         # What still runs in the engine ends ENGINE_UNAVAILABLE. Bounded: vLLM kills its
         # processes after engine.shutdown_timeout_s; aborting requests takes up to 5 s more.
-        self.runner.close(timeout_s=self.params["engine.shutdown_timeout_s"] + 10.0)
+        self.runner.close(timeout_s=self.params.engine.shutdown_timeout_s + 10.0)
         if not ended:
             goals_ended(SHUTDOWN_GOALS_AFTER_ENGINE_S)
         self.gc_pauses.uninstall()
@@ -276,7 +274,7 @@ class ReasonNode(Node):
         return self.get_clock().now().nanoseconds
 
     def _on_frame(self) -> None:
-        if self.params["prefill.enabled"]:
+        if self.params.prefill.enabled:
             self.prefill_worker.wake.set()
 
     # --- goals ---------------------------------------------------------------------------
@@ -410,86 +408,10 @@ process_life.guard_spawned_child()
 
 
 def main(args: list[str] | None = None) -> NoReturn:
-    """Run the node until SIGINT/SIGTERM; exit 2 on a configuration error, 1 on engine failure.
+    """Run the node as a process until SIGINT/SIGTERM (``ros/serve.py``)."""
+    from cosmos_reason_ros.ros.serve import serve
 
-    A stop signal during start-up ends the engine start at once (its processes are killed)
-    and exits 0 with one log line. Once serving, every accepted goal ends with an aborted
-    result before the action server goes (``ReasonNode.close``). No process started by the
-    node outlives it, however it ends (``process_life``).
-    """
-    rclpy.init(args=args, signal_handler_options=SignalHandlerOptions.NO)
-    signals = process_life.StopSignals()
-    process_life.own_spawned_processes()
-    logger = rclpy.logging.get_logger(NODE_NAME)
-    node: ReasonNode | None = None
-    executor: MultiThreadedExecutor | None = None
-    code = 0
-    try:
-        try:
-            node = ReasonNode()
-            node.start()
-        finally:
-            signals.started()  # from here on a signal only sets signals.stop
-        # Announced only now: a stop signal after "ready" is a normal shutdown, not an
-        # interrupted start-up.
-        node.log_ready()
-        executor = MultiThreadedExecutor(num_threads=node.executor_threads())
-        executor.add_node(node)
-        while rclpy.ok() and not signals.stop.is_set():
-            executor.spin_once(timeout_sec=0.2)
-    except process_life.StartupInterrupted as e:
-        # The engine may be half built on its loop thread: its processes are killed rather
-        # than shut down (that would wait for the start to finish first).
-        ended = process_life.end_interrupted_start()
-        logger.info(f"interrupted during start-up by {e.signal_name}: engine start stopped "
-                    f"({len(ended)} process(es) ended), exiting")
-        rclpy.try_shutdown()
-        _exit_now(0)
-    except ConfigError as e:
-        logger.fatal(str(e))
-        code = 2
-    except CosmosReasonError as e:
-        logger.fatal(f"engine failed to start: {e.message}")
-        code = 1
-    except (KeyboardInterrupt, ExternalShutdownException):
-        pass
-    finally:
-        t_stop = time.monotonic()
-        if node is not None and signals.signum is not None:
-            logger.info(f"{signal.Signals(signals.signum).name} received: stopping "
-                        f"(goals_running={node.slots.running} "
-                        f"goals_queued={node.slots.queued})")
-        # Segments the engine's processes hold now; released below if its shutdown leaves
-        # them (its core may be killed before it unlinks them).
-        segments = process_life.shared_memory_below()
-        if node is not None:
-            node.close(spin=None if executor is None
-                       else lambda t: executor.spin_once(timeout_sec=t))
-        if executor is not None:
-            executor.shutdown(timeout_sec=2.0)
-        if node is not None:
-            node.destroy_node()
-        rclpy.try_shutdown()
-        left = process_life.end_descendants(grace_s=1.0)
-        if left:
-            logger.warning(f"ended {len(left)} process(es) still running after the engine "
-                           f"shut down: {', '.join(left)}")
-        released = process_life.release_shared_memory(segments)
-        if released:
-            logger.info(f"released {len(released)} shared-memory segment(s) the engine left: "
-                        f"{', '.join(released)}")
-    if code == 0 and node is not None:
-        logger.info(f"shut down cleanly in {time.monotonic() - t_stop:.1f} s")
-    _exit_now(code)
-
-
-def _exit_now(code: int) -> NoReturn:
-    # Everything is closed by now. The interpreter's own teardown of torch and vLLM modules
-    # took 6-15 s on a loaded machine, long enough for launch to escalate to SIGKILL, so the
-    # process ends here once its output is flushed.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    serve(args)
 
 
 if __name__ == "__main__":

@@ -70,13 +70,13 @@ class PeriodicRuns:
         node = self.node
         p = node.params
         t0 = time.monotonic()
-        targets = tuple(t.strip() for t in p["periodic.targets"].split(",") if t.strip())
-        fields = GoalFields(task=p["periodic.task"], prompt=p["periodic.prompt"],
+        targets = tuple(t.strip() for t in p.periodic.targets.split(",") if t.strip())
+        fields = GoalFields(task=p.periodic.task, prompt=p.periodic.prompt,
                             targets=targets,
-                            max_tokens=min(p["periodic.max_tokens"], p["limits.max_tokens"]),
+                            max_tokens=min(p.periodic.max_tokens, p.limits.max_tokens),
                             source=Source.LATEST, wait_for_image_s=0.001)
         msg = ReasoningResult(origin="periodic", model=node.runner.model_name,
-                              task=p["periodic.task"], prompt=p["periodic.prompt"])
+                              task=p.periodic.task, prompt=p.periodic.prompt)
         outcome = "failed"
         try:
             valid = node.pipeline.validate(fields)
@@ -144,7 +144,7 @@ class PrefillWorker:
 
     def _loop(self) -> None:
         node = self.node
-        period = node.params["prefill.period_s"]
+        period = node.params.prefill.period_s
         last_start = -math.inf
         retry = False
         while not node.stopping:
@@ -156,7 +156,7 @@ class PrefillWorker:
                 return
             latest = node.history.latest()
             stamp = None if latest is None else latest.stamp_ns
-            if not node.params["prefill.enabled"]:
+            if not node.params.prefill.enabled:
                 retry = False
                 continue
             if not node.prefill.try_start(stamp, self.busy()):
@@ -173,14 +173,14 @@ class PrefillWorker:
             media = node.pipeline.prepare_frame(frame)
             request = query.build_prefill_request(uuid.uuid4().hex, node.profile,
                                                   media.prepared,
-                                                  reasoning=node.params["prefill.reasoning"])
+                                                  reasoning=node.params.prefill.reasoning)
             if node.prefill.abort_requested:
                 outcome = "aborted"
                 return
             handle = node.runner.submit(request)
             if not node.prefill.attach(handle.cancel):
                 handle.cancel()  # a goal asked for the engine while this was being submitted
-            _, final = handle.collect(timeout_s=node.params["limits.goal_timeout_s"])
+            _, final = handle.collect(timeout_s=node.params.limits.goal_timeout_s)
             outcome = "aborted" if final.finish_reason is FinishReason.CANCELLED else "run"
         except CosmosReasonError as e:
             node.get_logger().warning(f"prefill failed: code={e.code.name} message={e.message}",

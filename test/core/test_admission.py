@@ -56,3 +56,27 @@ def test_acquire_gives_up_on_stop_or_timeout():
     assert not slots.acquire(0.05)
     assert not slots.acquire(10.0, should_stop=lambda: True)
     assert slots.running == 1 and not slots._waiting
+
+
+def test_a_stopped_goal_gets_no_slot_even_when_one_is_free():
+    # Cancelled or shut down while it waited (issue 17): handing it the slot would start a
+    # generation nobody waits for.
+    slots = GoalSlots(max_running=1, max_queued=1)
+    assert not slots.acquire(10.0, should_stop=lambda: True)
+    assert slots.running == 0
+    assert slots.acquire(0.0)
+
+
+def test_a_waiter_stopped_when_the_slot_frees_does_not_take_it():
+    slots = GoalSlots(max_running=1, max_queued=2)
+    assert slots.acquire(1.0)
+    stop = threading.Event()
+    got: list[bool] = []
+    waiter = threading.Thread(target=lambda: got.append(slots.acquire(10.0, stop.is_set)))
+    waiter.start()
+    while not slots._waiting:
+        pass
+    stop.set()
+    slots.release()
+    waiter.join(5.0)
+    assert got == [False] and slots.running == 0

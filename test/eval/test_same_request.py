@@ -60,8 +60,8 @@ def test_node_replay_and_bench_build_identical_requests(tiny_qwen3_vl, tmp_path)
         node.close()
 
     preset = tmp_path / "preset.yaml"
-    preset.write_text(yaml.safe_dump({"/**": {"ros__parameters": {
-        **{k: v for k, v in node.node.params.items()}}}}))
+    preset.write_text(yaml.safe_dump({"/**": {"ros__parameters":
+                                              node.node.params.to_values()}}))
     scenario = tmp_path / "scenario.yaml"
     scenario.write_text(yaml.safe_dump({"queries": [{
         "name": "q", "at": [0.0], "prompt": PROMPT, "max_tokens": MAX_TOKENS,

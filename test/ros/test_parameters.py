@@ -32,6 +32,7 @@ from rcl_interfaces.srv import (  # noqa: E402
 from rclpy.context import Context  # noqa: E402
 from rclpy.parameter import Parameter  # noqa: E402
 
+from cosmos_reason_ros.core.params import NodeParams  # noqa: E402
 from cosmos_reason_ros.ros.config import (  # noqa: E402
     PARAMS,
     RUNTIME_PARAMS,
@@ -67,7 +68,7 @@ class InProcess:
         self.nodes.append(node)
         return node
 
-    def load(self, args: list[str], name: str = "cosmos_reason") -> tuple[Any, dict[str, Any]]:
+    def load(self, args: list[str], name: str = "cosmos_reason") -> tuple[Any, NodeParams]:
         node = self.node(args, name)
         return node, declare_and_load(node, argv=args)
 
@@ -111,9 +112,9 @@ def test_every_preset_applies_under_any_namespace_and_node_name(ros, preset, nam
     assert node.get_fully_qualified_name() == f"{namespace}/{name}"
     expected = load_yaml_params(str(preset))
     expected["engine.model"] = HUB_MODEL
-    expected = {k: v for k, v in validate(expected).items() if k in expected}
+    expected = {k: v for k, v in validate(expected).to_values().items() if k in expected}
     assert len(expected) >= 4
-    assert {k: values[k] for k in expected} == expected
+    assert {k: values.to_values()[k] for k in expected} == expected
     assert {k: node.get_parameter(k).value for k in expected} == expected
 
 
@@ -121,8 +122,8 @@ def test_cpu_demo_under_robot1_is_not_the_code_defaults(ros):
     # The values the issue saw fall back to defaults (4096, auto, 8192, 2.0).
     _, v = ros.load(ros_args(REPO / "config" / "cpu_demo.yaml", "/robot1",
                              engine__model=HUB_MODEL))
-    assert (v["limits.max_tokens"], v["engine.dtype"], v["engine.max_model_len"],
-            v["image.max_age_s"]) == (512, "float32", 4096, 5.0)
+    assert (v.limits.max_tokens, v.engine.dtype, v.engine.max_model_len,
+            v.image.max_age_s) == (512, "float32", 4096, 5.0)
 
 
 def test_file_keyed_for_another_node_name_stops_the_node_naming_it(ros, tmp_path):
@@ -130,7 +131,7 @@ def test_file_keyed_for_another_node_name_stops_the_node_naming_it(ros, tmp_path
     old_style = write(tmp_path, text.replace("/**:", "cosmos_reason:"), "old_style.yaml")
     # Without a namespace the section names the node, and applies ...
     _, v = ros.load(ros_args(old_style, engine__model=HUB_MODEL))
-    assert v["limits.max_tokens"] == 512
+    assert v.limits.max_tokens == 512
     # ... under /robot1 it does not: refused, naming the file, its section and the fix.
     with pytest.raises(ConfigError) as e:
         ros.load(ros_args(old_style, "/robot1", engine__model=HUB_MODEL))
@@ -148,7 +149,7 @@ def test_sections_naming_the_node_in_its_namespace_apply(ros, tmp_path, key):
         f"{indent}  limits:\n{indent}    max_tokens: 77\n"
     path = write(tmp_path, text)
     node, v = ros.load(ros_args(path, "/robot1", engine__model=HUB_MODEL))
-    assert v["limits.max_tokens"] == 77
+    assert v.limits.max_tokens == 77
     assert node.get_parameter("limits.max_tokens").value == 77
 
 
@@ -180,7 +181,7 @@ def test_ros_own_parameters_are_not_unknown(ros, tmp_path):
     path = write(tmp_path, "/**:\n  ros__parameters:\n    use_sim_time: true\n    limits:\n"
                  "      max_tokens: 77\n")
     node, v = ros.load(ros_args(path, engine__model=HUB_MODEL))
-    assert v["limits.max_tokens"] == 77
+    assert v.limits.max_tokens == 77
     assert node.get_parameter("use_sim_time").value is True
 
 
@@ -188,10 +189,12 @@ def test_integers_written_for_doubles_are_declared_as_doubles(ros, tmp_path):
     path = write(tmp_path, "/**:\n  ros__parameters:\n    image:\n      max_age_s: 5\n")
     node, v = ros.load(ros_args(path, engine__model=HUB_MODEL,
                                 prefill__ready_frame_within_s="0"))
-    for name, value in (("image.max_age_s", 5.0), ("prefill.ready_frame_within_s", 0.0)):
+    for name, value, loaded in (("image.max_age_s", 5.0, v.image.max_age_s),
+                                ("prefill.ready_frame_within_s", 0.0,
+                                 v.prefill.ready_frame_within_s)):
         declared = node.get_parameter(name)
         assert declared.type_ is Parameter.Type.DOUBLE, name
-        assert declared.value == value and isinstance(v[name], float)
+        assert declared.value == value and isinstance(loaded, float)
 
 
 def test_a_double_written_for_an_integer_is_refused_naming_it(ros):
