@@ -32,7 +32,7 @@ from cosmos_reason_interfaces.msg import ReasoningResult  # noqa: E402
 from cosmos_reason_ros.client import ReasonClient  # noqa: E402
 from cosmos_reason_ros.core.types import ErrorCode  # noqa: E402
 
-pytestmark = [pytest.mark.ros, pytest.mark.engine, pytest.mark.slow]
+pytestmark = [pytest.mark.ros, pytest.mark.engine, pytest.mark.slow, pytest.mark.every_distro]
 
 Goal = Reason.Goal
 LONG_SCHEMA = text_schema(600)
