@@ -21,6 +21,8 @@ baseline node (``bench/baseline.py``). Then the modes run, interleaved request b
 - ``prefill``: goals on the latest frame of a 5 Hz camera with ``prefill.enabled`` on vs off:
   one at a time (TTFT) and 8 at once (throughput); skipped, not failed, when the node has no
   such parameter.
+- ``lifting``: 3D lifting per goal (depth pick + 10 boxes) at 640x480 and 1280x720, in this
+  process (``bench/phases/lifting.py``).
 
 Requests: images 640x480, 1280x720, 1920x1080 (a new deterministic picture for every request
 unless the mode is about reuse), a short answer (8 tokens), 128 and 512 output tokens with
@@ -330,6 +332,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help=f"output lengths: subset of {','.join(LENGTHS)}")
     ap.add_argument("--concurrency", default="", help="levels, e.g. 1,2,4,8 (device default)")
     ap.add_argument("--ingest-s", type=float, default=10.0, help="seconds per ingest phase")
+    ap.add_argument("--lifting-runs", type=int, default=200,
+                    help="lifting phase: timed goals per size and box scale")
     ap.add_argument("--ingest-callback-runs", type=int, default=2000,
                     help="camera callback calls timed in-process")
     ap.add_argument("--memory-frames", type=int, default=10_000)
@@ -364,7 +368,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         ap.error(f"--concurrency {args.concurrency!r}: expected integers like 1,2,4,8")
     if any(n < 1 or n > 64 for n in args.concurrency):
         ap.error("--concurrency levels must be within 1..64")
-    for name in ("repeats", "memory_frames", "memory_goals", "ingest_callback_runs"):
+    for name in ("repeats", "memory_frames", "memory_goals", "ingest_callback_runs",
+                 "lifting_runs"):
         if getattr(args, name) < 0:
             ap.error(f"--{name.replace('_', '-')} must be >= 0")
     if args.time_budget_s < 0:

@@ -478,6 +478,23 @@ def render_report(data: Mapping[str, Any]) -> str:
                            f"{targets['ingest_ms']} ms)",
                            _check(cb.get("median_ms", math.inf) <= targets["ingest_ms"])))
 
+    lifting = extra.get("lifting")
+    if isinstance(lifting, Mapping) and lifting.get("rows"):
+        lines += ["", f"## 3D lifting per goal (depth pick + {lifting.get('items')} boxes; "
+                  f"depth off: {fmt(lifting.get('depth_off_ms'), 1)} ms, not called)", ""]
+        rows = lifting["rows"]
+        lines.append(table(("size", "boxes", "goals", "wall p50 ms", "wall p95 ms",
+                            "thread CPU p50 ms", "valid"),
+                           [(r["size"], r["boxes"], r["runs"], fmt(r["wall_p50_ms"], 3),
+                             fmt(r["wall_p95_ms"], 3), fmt(r["cpu_p50_ms"], 3),
+                             f"{r['valid']}/{lifting.get('items')}") for r in rows]))
+        typical = [r for r in rows if r["size"] == "640x480" and r["boxes"] == "typical"]
+        if typical:
+            p50 = typical[0]["wall_p50_ms"]
+            checks.append(("3D lifting per goal, 640x480, 10 boxes (p50)",
+                           f"{fmt(p50, 3)} ms (target <= {lifting.get('target_p50_ms')} ms)",
+                           _check(p50 <= lifting.get("target_p50_ms", math.inf))))
+
     mem = extra.get("memory")
     if isinstance(mem, Mapping):
         lines += ["", "## Memory (node process RSS)", ""]

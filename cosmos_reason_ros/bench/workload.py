@@ -15,7 +15,7 @@ from cosmos_reason_ros.bench import stats as benchstats
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ALL_MODES = ("engine", "node", "baseline", "concurrency", "second", "ingest", "memory",
-             "prefill")
+             "prefill", "lifting")
 LENGTHS = {"short": 8, "128": 128, "512": 512}
 PREFILL_BATCH = 8  # concurrent goals for the prefill mode's throughput check (issue #10)
 # The prefill mode's settings: (prefill.enabled, prefill.ready_frame_within_s).
@@ -29,7 +29,8 @@ BASELINE_TOPIC = "/bench/image_baseline"
 BASELINE_NS = "/bench_baseline"
 PHASE_WEIGHTS = (benchstats.Slice("latency", 45), benchstats.Slice("concurrency", 15),
                  benchstats.Slice("second", 8), benchstats.Slice("ingest", 10),
-                 benchstats.Slice("memory", 17), benchstats.Slice("prefill", 5))
+                 benchstats.Slice("memory", 17), benchstats.Slice("prefill", 5),
+                 benchstats.Slice("lifting", 1))
 
 
 @dataclasses.dataclass(frozen=True)

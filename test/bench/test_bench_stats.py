@@ -149,3 +149,18 @@ def test_report_checks_prefill_targets_on_the_gpu() -> None:
     assert "8-goal throughput, prefill on / off | 0.85x (target >= 0.9x) | MISSED" in report
     assert "8-goal throughput, prefill on+ready / off | 0.95x (target >= 0.9x) | met" in report
     assert "## Concurrency" not in report  # prefill batches are not the concurrency sweep
+
+
+def test_lifting_phase_lifts_every_box_and_the_report_checks_the_target() -> None:
+    from cosmos_reason_ros.bench.phases import lifting
+
+    rows = [lifting.measure_goal(640, 480, large=False, runs=3),
+            lifting.measure_goal(1280, 720, large=True, runs=3)]
+    assert [r["valid"] for r in rows] == [10, 10]
+    assert all(0 < r["wall_p50_ms"] <= r["wall_p95_ms"] for r in rows)
+    data = _report_data(0.002)
+    data["extra"]["lifting"] = {"items": 10, "depth_off_ms": 0.0, "rows": rows,
+                                "target_p50_ms": 1e9}
+    report = bs.render_report(data)
+    assert "## 3D lifting per goal" in report and "| 1280x720 | large | 3 |" in report
+    assert "3D lifting per goal, 640x480, 10 boxes (p50)" in report and "| met |" in report

@@ -5,7 +5,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from cosmos_reason_ros.bench.phases import concurrency, ingest, latency, memory, prefill, second
+from cosmos_reason_ros.bench.phases import (
+    concurrency,
+    ingest,
+    latency,
+    lifting,
+    memory,
+    prefill,
+    second,
+)
 
 if TYPE_CHECKING:
     from cosmos_reason_ros.bench.results import Results
@@ -19,4 +27,5 @@ PHASES: dict[str, Callable[[Bench, Results], None]] = {
     "ingest": ingest.run,
     "memory": memory.run,
     "prefill": prefill.run,
+    "lifting": lifting.run,
 }
