@@ -202,6 +202,16 @@ def _lift_point(depth_m: np.ndarray, camera: CameraModel, point: Point, scale: i
     zs = z[r, c]
     z_point = _plane_depth(zs, (c + j0 + 0.5) * scale - point.x,
                            (r + i0 + 0.5) * scale - point.y)
+    if z_point is None:
+        # Too few pixels within the surface tolerance: on a steep plane at a coarse depth
+        # scale neighbouring depth pixels differ by more than it. Fit every valid pixel of the
+        # patch instead, trusted only if they all lie on one plane (within the tolerance).
+        z_low = settings.min_m if settings.min_m > 0.0 else _TINY
+        r, c = np.nonzero((z >= z_low) & (z <= settings.max_m))
+        zs = z[r, c]
+        z_point = _plane_depth(zs, (c + j0 + 0.5) * scale - point.x,
+                               (r + i0 + 0.5) * scale - point.y,
+                               max_error_m=_tolerance(z_ref, settings) / 4)
     # Trust the fit only within the depths it was fitted to (plus the surface tolerance).
     slack = _tolerance(z_ref, settings)
     if z_point is None or not float(zs.min()) - slack <= z_point <= float(zs.max()) + slack:
@@ -359,19 +369,27 @@ def _refine(z: np.ndarray, zv: np.ndarray, z_peak: float, settings: LiftSettings
     return surface, z_ref, n_valid
 
 
-def _plane_depth(z: np.ndarray, du: np.ndarray, dv: np.ndarray) -> float | None:
+def _plane_depth(z: np.ndarray, du: np.ndarray, dv: np.ndarray,
+                 max_error_m: float = math.inf) -> float | None:
     """Depth at offset (0, 0) of a plane fitted to the patch, or None if it is ill-posed.
 
     Inverse depth of a plane is affine in pixel coordinates, so fitting ``1/z = a + b du +
     c dv`` is exact on any plane and reads the depth at the point's sub-pixel position: on a
     floor seen at a grazing angle, depth changes by centimetres per pixel (z^2 / (h fy)).
+    None too when a pixel's depth differs from the plane by more than ``max_error_m``.
     """
     if z.size < 6:
         return None
     design = np.stack((np.ones(z.size), du, dv), axis=1)
-    coef, _, rank, _ = np.linalg.lstsq(design, 1.0 / z.astype(np.float64), rcond=None)
+    inverse = 1.0 / z.astype(np.float64)
+    coef, _, rank, _ = np.linalg.lstsq(design, inverse, rcond=None)
     if rank < 3 or not coef[0] > 0.0:
         return None
+    if math.isfinite(max_error_m):
+        fitted = design @ coef
+        if not np.all(fitted > 0.0) or float(np.max(np.abs(1.0 / fitted - 1.0 / inverse))) \
+                > max_error_m:
+            return None
     return float(1.0 / coef[0])
 
 

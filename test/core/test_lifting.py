@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from cosmos_reason_ros.core.lifting import (
@@ -515,6 +515,9 @@ def test_project_back_project_round_trip(fx, fy, cx, cy, x, y, z):
        fu=st.floats(0.1, 0.9, **finite), fv=st.floats(0.1, 0.9, **finite),
        z=st.floats(0.3, 8.0, **finite), tilt_x=st.floats(-0.6, 0.6, **finite),
        tilt_y=st.floats(-0.6, 0.6, **finite))
+# Found by hypothesis: a steep plane at depth scale 4, where no neighbour of the point's depth
+# pixel lies within the surface tolerance; the fit then takes the whole (planar) patch.
+@example(f=150.0, scale=4, fu=0.125, fv=0.25, z=1.0, tilt_x=0.5625, tilt_y=0.5625)
 def test_lifted_point_equals_the_3d_point_it_was_projected_from(f, scale, fu, fv, z, tilt_x,
                                                                 tilt_y):
     # A 3D point on a plane at any moderate tilt, seen through K at any integer depth scale:
