@@ -290,6 +290,7 @@ class IO:
 
 @pytest.mark.engine
 @pytest.mark.slow
+@pytest.mark.every_distro  # rclpy's shutdown and signal handling differ between distros
 def test_ctrl_c_while_serving_ends_every_goal_with_its_result(tiny_qwen3_vl):
     """A goal waiting for an image, a generating one and a queued one, then Ctrl-C.
 
