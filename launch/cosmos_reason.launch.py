@@ -9,6 +9,8 @@ r"""Start the cosmos_reason node with a config preset.
         image_topic:=/camera/color/image_raw \
         depth_topic:=/camera/aligned_depth_to_color/image_raw \
         camera_info_topic:=/camera/color/camera_info
+    ros2 launch cosmos_reason_ros cosmos_reason.launch.py config:=x86_gpu \
+        cameras:=front=/front/image_raw,wrist=/wrist/image_raw
 
 `config` is a preset name (a file in this package's share/config/) or a path to a parameter
 file; `model`, `engine` and `endpoint` override the preset when non-empty. Everything else is
@@ -39,7 +41,7 @@ ARGUMENTS = (
     ("model", "", "Overrides engine.model: checkpoint directory or hub name (vllm), or served "
      "model name (openai)."),
     ("engine", "", "Overrides engine.kind: vllm or openai."),
-    ("endpoint", "", "Overrides engine.endpoints with this one URL (openai), e.g. "
+    ("endpoint", "", "Overrides engine.url, the server or router (openai), e.g. "
      "http://127.0.0.1:8000/v1."),
     ("image_topic", "/camera/image_raw", "sensor_msgs/Image topic (the node's 'image')."),
     ("compressed_topic", "", "sensor_msgs/CompressedImage topic (the node's "
@@ -50,6 +52,11 @@ ARGUMENTS = (
      "sensor_msgs/Image topic (the node's 'depth/image'; 16UC1 mm or 32FC1 m)."),
     ("camera_info_topic", "/camera/color/camera_info", "CameraInfo of the colour camera "
      "(the node's 'camera_info')."),
+    ("cameras", "", "Several named cameras as NAME=TOPIC pairs, comma-separated, the default "
+     "camera first (e.g. front=/front/image_raw,wrist=/wrist/image_raw): sets cameras.names "
+     "and remaps NAME/image to TOPIC and NAME/image/compressed to TOPIC/compressed; "
+     "depth_topic and camera_info_topic then go to the first camera. Empty = one camera on "
+     "image_topic."),
     ("namespace", "", "Namespace of the node (the preset applies in any namespace)."),
     ("use_sim_time", "false", "Use /clock (rosbag replay with --clock)."),
     ("log_level", "info", "Logging level: debug, info, warn, error, fatal."),
@@ -70,6 +77,21 @@ def resolve_config(value):
     return path
 
 
+def parse_cameras(value):
+    """``front=/a/image,wrist=/b/image`` -> [("front", "/a/image"), ...]; fail naming the entry.
+
+    Names are checked again by the node (cameras.names); here only the form.
+    """
+    cameras = []
+    for entry in (e.strip() for e in value.split(",") if e.strip()):
+        name, sep, topic = (part.strip() for part in entry.partition("="))
+        if not sep or not name or not topic:
+            raise RuntimeError(f"cameras:={value!r}: entry {entry!r} is not NAME=TOPIC "
+                               f"(e.g. cameras:=front=/front/image_raw,wrist=/wrist/image_raw)")
+        cameras.append((name, topic))
+    return cameras
+
+
 def _is_true(value):
     return value.strip().lower() in ("true", "1", "yes", "on")
 
@@ -83,11 +105,21 @@ def launch_node(context, *args, **kwargs):
     if arg["engine"]:
         overrides["engine.kind"] = arg["engine"]
     if arg["endpoint"]:
-        overrides["engine.endpoints"] = [arg["endpoint"]]
+        overrides["engine.url"] = arg["endpoint"]
     if _is_true(arg["depth"]):
         overrides["depth.enabled"] = True
     image_topic = arg["image_topic"]
     compressed_topic = arg["compressed_topic"] or f"{image_topic.rstrip('/')}/compressed"
+    remappings = [("image", image_topic), ("image/compressed", compressed_topic),
+                  ("depth/image", arg["depth_topic"]), ("camera_info", arg["camera_info_topic"])]
+    cameras = parse_cameras(arg["cameras"])
+    if cameras:  # each camera's topics are its name's: front/image, front/image/compressed
+        overrides["cameras.names"] = [name for name, _ in cameras]
+        remappings = [pair for name, topic in cameras for pair in (
+            (f"{name}/image", topic), (f"{name}/image/compressed",
+                                       f"{topic.rstrip('/')}/compressed"))]
+        remappings += [(f"{cameras[0][0]}/depth/image", arg["depth_topic"]),
+                       (f"{cameras[0][0]}/camera_info", arg["camera_info_topic"])]
     return [Node(
         package=PACKAGE,
         executable=EXECUTABLE,
@@ -95,9 +127,7 @@ def launch_node(context, *args, **kwargs):
         namespace=arg["namespace"],
         # Later entries win: the launch overrides apply on top of the preset.
         parameters=[resolve_config(arg["config"]), overrides],
-        remappings=[("image", image_topic), ("image/compressed", compressed_topic),
-                     ("depth/image", arg["depth_topic"]),
-                     ("camera_info", arg["camera_info_topic"])],
+        remappings=remappings,
         arguments=["--ros-args", "--log-level", arg["log_level"]],
         output="screen",
         emulate_tty=True,

@@ -32,6 +32,9 @@ GROUPS = {
               "or servers to call (openai).",
     "model": "Model conventions and the image size the model sees.",
     "image": "Camera input and the frame history.",
+    "cameras": "Several named cameras (a front and a wrist camera, ...) that one goal can ask "
+               "about together (docs/INTERFACES.md, \"Several cameras in one goal\"). Empty "
+               "names: the one camera of image.*, named 'default'.",
     "depth": "3D lifting: a depth image registered to the colour image ('depth/image') and "
              "the colour camera's CameraInfo ('camera_info') turn boxes, points and "
              "trajectories into 3D positions (docs/INTERFACES.md, \"3D\"). Off by default.",

@@ -64,7 +64,11 @@ class InProcessNode:
         self._spin.start()
         self.side = SpunNode("inprocess_client")
         self.client = ActionClient(self.side.node, Reason, "/cosmos_reason/reason")
-        self.camera = self.side.node.create_publisher(Image, "/image", 30)
+        # The default camera: /image, or the first named camera's /<name>/image.
+        names = list({**BASE_PARAMS, **(params or {})}.get("cameras.names", []))
+        self.camera = self.side.node.create_publisher(
+            Image, f"/{names[0]}/image" if names else "/image", 30)
+        self._named_cameras: dict[str, Any] = {names[0]: self.camera} if names else {}
         self.results: list[ReasoningResult] = []
         self._results_cond = threading.Condition()
         self.side.node.create_subscription(ReasoningResult, "/cosmos_reason/results",
@@ -77,16 +81,32 @@ class InProcessNode:
             self.results.append(msg)
             self._results_cond.notify_all()
 
-    def publish(self, stamp_ns: int | None = None, **kwargs: Any) -> int:
-        """Publish a frame (stamped now by default); return its stamp."""
+    def publish(self, stamp_ns: int | None = None, camera: str | None = None,
+                **kwargs: Any) -> int:
+        """Publish a frame (stamped now by default); return its stamp.
+
+        ``camera`` names one of the node's ``cameras.names``: the frame goes to
+        ``/<camera>/image`` (the node's relative ``<camera>/image``) instead of ``/image``.
+        """
         stamp = self.side.now_ns() if stamp_ns is None else stamp_ns
-        self.camera.publish(image_msg(stamp, **kwargs))
+        self._camera_publisher(camera).publish(image_msg(stamp, **kwargs))
         return stamp
 
-    def wait_frames(self, count: int, timeout_s: float = 5.0) -> None:
-        """Wait until the node has received ``count`` frames."""
+    def _camera_publisher(self, camera: str | None) -> Any:
+        if camera is None:
+            return self.camera
+        if camera not in self._named_cameras:
+            publisher = self.side.node.create_publisher(Image, f"/{camera}/image", 30)
+            assert SpunNode.wait_matched(publisher, 10.0), f"camera {camera} not matched"
+            self._named_cameras[camera] = publisher
+        return self._named_cameras[camera]
+
+    def wait_frames(self, count: int, timeout_s: float = 5.0, camera: str | None = None) -> None:
+        """Wait until the node has received ``count`` frames (on ``camera``: that camera's)."""
+        history = self.node.history if camera is None \
+            else self.node.cameras.by_name[camera].history
         deadline = time.monotonic() + timeout_s
-        while self.node.history.stats().received < count:
+        while history.stats().received < count:
             assert time.monotonic() < deadline, "frames did not arrive"
             time.sleep(0.01)
 

@@ -221,7 +221,8 @@ def test_quoted_command_and_its_flags_exist(cmd: DocCommand) -> None:
                     reason="needs the environment of env-<distro>.sh (scripts/run_tests.sh)")
 @pytest.mark.parametrize("name", sorted(SCRIPTS))
 def test_console_script_is_on_path_after_sourcing_the_env_file(name: str) -> None:
-    distro = os.environ["COSMOS_REASON_ROS_DISTRO"]
+    # The setup target names the build folder (jazzy-py310 builds Jazzy into its own).
+    distro = os.environ.get("COSMOS_REASON_SETUP") or os.environ["COSMOS_REASON_ROS_DISTRO"]
     lib = REPO_ROOT / "build" / distro / "install" / "cosmos_reason_ros" / "lib" / \
         "cosmos_reason_ros"
     found = shutil.which(name)

@@ -16,11 +16,14 @@ def test_demo_replays_the_recording_through_the_node_and_reports(tmp_path, tiny_
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
-    # The demo scenario schedules 7 goals on the 4 s recording; all must succeed.
-    assert (summary["queries"], summary["succeeded"], summary["regressions"]) == (7, 7, 0)
+    # The demo scenario schedules 8 goals on the 4 s recording (one about both cameras); all
+    # must succeed.
+    assert (summary["queries"], summary["succeeded"], summary["regressions"]) == (8, 8, 0)
     assert summary["ok"] and summary["report"] == str(out / "replay" / "report.html")
     assert "ground#0" in proc.stdout and "demo: PASS" in proc.stdout
     records = (out / "replay" / "results.jsonl").read_text().splitlines()
-    assert len(records) == 7
+    assert len(records) == 8
+    both = next(json.loads(r)["result"] for r in records if '"both cameras"' in r)
+    assert [f["camera"] for f in both["camera_frames"]] == ["front", "wrist"]
     assert (out / "recording" / "metadata.yaml").is_file()  # a real rosbag2 bag
-    assert len(list((out / "replay" / "frames").glob("*.png"))) == 7
+    assert len(list((out / "replay" / "frames").glob("*.png"))) == 8

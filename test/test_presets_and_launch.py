@@ -39,8 +39,8 @@ PRESETS = sorted(CONFIG_DIR.glob("*.yaml"))
 EXPECTED_PRESETS = {"cpu_demo", "x86_gpu", "jetson_orin_nano", "jetson_orin_nx",
                     "jetson_agx_orin", "jetson_thor", "remote_server"}
 LAUNCH_ARGUMENTS = {"config", "model", "engine", "endpoint", "image_topic", "compressed_topic",
-                    "depth", "depth_topic", "camera_info_topic", "namespace", "use_sim_time",
-                    "log_level"}
+                    "depth", "depth_topic", "camera_info_topic", "cameras", "namespace",
+                    "use_sim_time", "log_level"}
 # Chat template, system prompt, reasoning instruction and a short question, in tokens: what a
 # single-image goal needs besides the image and the answer (measured ~60-120 for Reason2).
 TEXT_MARGIN_TOKENS = 150
@@ -154,7 +154,8 @@ def test_nano_image_budget_is_256_tokens() -> None:
 def test_remote_server_preset_talks_to_a_reasoning_server() -> None:
     v = validated(CONFIG_DIR / "remote_server.yaml")
     assert v.engine.kind == "openai"
-    assert v.engine.endpoints and all(u.startswith("http") for u in v.engine.endpoints)
+    assert v.engine.url.startswith("http") and v.engine.url.endswith("/v1")
+    assert v.engine.session_header == "X-Session-ID"  # vllm-router's consistent_hash key
     assert re.fullmatch(r"[A-Z_][A-Z0-9_]*", v.engine.api_key_env)
     assert v.model.family == "cosmos_reason2"  # a served name cannot be auto-detected
     assert v.engine.constrains_after_reasoning is True
@@ -319,7 +320,7 @@ def test_launch_overrides_and_remaps(launch_module: types.ModuleType) -> None:
     preset, overrides = kw["parameters"]
     assert Path(preset).name == "remote_server.yaml"
     assert overrides == {"use_sim_time": True, "engine.model": "cr2", "engine.kind": "openai",
-                         "engine.endpoints": ["http://gpu:8000/v1"], "depth.enabled": True}
+                         "engine.url": "http://gpu:8000/v1", "depth.enabled": True}
     # The preset applies to the node in its namespace, and the overrides are valid
     # parameters on top of it.
     values = load_yaml_params(preset, f"/{kw['namespace']}/{kw['name']}")
@@ -331,6 +332,25 @@ def test_launch_overrides_and_remaps(launch_module: types.ModuleType) -> None:
                                       "camera_info": "/front/info"}
     assert kw["namespace"] == "robot1"
     assert kw["arguments"][-1] == "debug"
+
+
+def test_launch_cameras_name_the_cameras_and_remap_each(launch_module: types.ModuleType
+                                                        ) -> None:
+    (node,) = launch_module.launch_node(_context(
+        launch_module, cameras="front=/front/image_raw, wrist=/wrist/image_raw", depth="true"))
+    kw = node.kwargs
+    preset, overrides = kw["parameters"]
+    assert overrides["cameras.names"] == ["front", "wrist"]
+    assert dict(kw["remappings"]) == {
+        "front/image": "/front/image_raw", "front/image/compressed": "/front/image_raw/compressed",
+        "wrist/image": "/wrist/image_raw", "wrist/image/compressed": "/wrist/image_raw/compressed",
+        "front/depth/image": "/camera/aligned_depth_to_color/image_raw",
+        "front/camera_info": "/camera/color/camera_info"}
+    values = load_yaml_params(preset)
+    values.update({k: v for k, v in overrides.items() if k != "use_sim_time"})
+    assert validate(values).cameras.names == ("front", "wrist")
+    with pytest.raises(RuntimeError, match=r"entry 'wrist' is not NAME=TOPIC"):
+        launch_module.launch_node(_context(launch_module, cameras="front=/f/image,wrist"))
 
 
 def test_launch_accepts_a_path_and_names_the_presets_on_a_typo(
@@ -432,3 +452,9 @@ def test_jetson_guide_names_every_jetson_preset() -> None:
     for preset in ("jetson_orin_nano", "jetson_orin_nx", "jetson_agx_orin", "jetson_thor",
                    "remote_server"):
         assert f"`{preset}`" in guide or f"config:={preset}" in guide, preset
+
+
+def test_an_empty_yaml_list_reaches_the_node_unset_and_means_empty() -> None:
+    # rclpy hands a preset's '[]' over as an unset value (None): no element type to give it.
+    values = {"engine.model": "nvidia/Cosmos-Reason2-2B", "cameras.names": None}
+    assert validate(values).cameras.names == ()

@@ -507,9 +507,11 @@ def run(args: argparse.Namespace) -> int:
     # The node's ~/results writer exists from its constructor on, before the engine is up and
     # the first periodic run starts, so with a local engine the two have matched long before.
     match_deadline = time.monotonic() + 10.0
-    while results_sub.get_publisher_count() == 0 and time.monotonic() < match_deadline:
+    # Node.count_publishers, not Subscription.get_publisher_count: the latter is Iron and later.
+    while node.count_publishers(results_sub.topic_name) == 0 \
+            and time.monotonic() < match_deadline:
         time.sleep(0.05)
-    if results_sub.get_publisher_count() == 0:
+    if node.count_publishers(results_sub.topic_name) == 0:
         print("soak: warning: ~/results not matched at start; early periodic results may be "
               "missed", flush=True)
     periodic_offset = 0

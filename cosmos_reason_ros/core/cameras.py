@@ -18,12 +18,14 @@ Stamps are header stamps on the history's clock (sim time under replay), as in
 from __future__ import annotations
 
 import bisect
+import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from cosmos_reason_ros.core.frames import FrameHistory, StoredFrame, capture_ns
+from cosmos_reason_ros.core.prompts import MAX_IMAGES
 from cosmos_reason_ros.core.types import (
     BadRequestError,
     CosmosReasonError,
@@ -41,6 +43,32 @@ WAIT_SLICE_S = 0.05
 least this often (the wait itself wakes at once on a frame of the camera that lags)."""
 
 _NS = 1_000_000_000
+
+MAX_CAMERAS = MAX_IMAGES
+"""Most cameras a node configures: one request takes at most this many images."""
+
+# One ROS name token (a topic prefix and a private output topic: ``<name>/image``,
+# ``~/<name>/annotated_image``): a letter first (rcl refuses a token starting with a digit;
+# one starting with '_' is hidden by ``ros2 topic list``), then letters, digits, underscores.
+_CAMERA_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,62}")
+
+
+def camera_name_problem(name: object) -> str | None:
+    """Return why ``name`` cannot name a camera, or None when it can.
+
+    A camera's name becomes its topics' first token (``front/image``), its output topics'
+    (``~/front/annotated_image``) and the word the prompt and results use, so it must be one
+    ROS name token: a letter, then letters, digits or underscores (no double underscore, which
+    rcl reserves), at most 63 characters; no spaces, slashes or quotes.
+    """
+    if not isinstance(name, str):
+        return f"{name!r} is not a string"
+    if not name:
+        return "is empty"
+    if _CAMERA_NAME.fullmatch(name) is None or "__" in name:
+        return ("is not a ROS name token: use a letter, then letters, digits or single "
+                "underscores (at most 63 characters, no spaces, slashes or quotes)")
+    return None
 
 
 @dataclass(frozen=True)

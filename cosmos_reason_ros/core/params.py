@@ -98,9 +98,28 @@ class EngineParams:
     of the node, walk only what goals create. Pauses since startup are in diagnostics (gc_*).
     Default: true."""
 
-    endpoints: tuple[str, ...]
-    """openai: base URLs of the servers (several = least-busy selection with failover). Default:
-    ["http://127.0.0.1:8000/v1"]."""
+    url: str
+    """openai: base URL of the server, or of the router in front of several (vllm-router); requests
+    go here while it answers. Default: "http://127.0.0.1:8000/v1". Allowed:
+    http(s)://host[:port][/path]/v1, no user:password@, query or fragment."""
+
+    fallback_urls: tuple[str, ...]
+    """openai: base URLs tried in this order while engine.url is unreachable (e.g. the robot's
+    onboard server); requests return to engine.url as soon as its /health answers. Default: [].
+    Allowed: up to 8 distinct URLs, each http(s)://host[:port][/path]/v1, no user:password@, query
+    or fragment."""
+
+    session_header: str
+    """openai: routing header sent with every request, so that a router with session affinity
+    (vllm-router --policy consistent_hash) sends one camera's requests to one server ('' = none).
+    Default: "X-Session-ID". Allowed: empty (no routing header) or an HTTP header name (letters,
+    digits, - _ .)."""
+
+    session_key: str
+    """openai: prefix of the routing key; requests about a camera carry '<prefix>/<camera>'. Empty =
+    the node's fully qualified name (/<namespace>/<node>): set a unique name (e.g. the robot's) when
+    robots share one. Default: "". Allowed: empty (the node's namespace/name) or up to 200 visible
+    ASCII characters, no spaces."""
 
     api_key_env: str
     """openai: NAME of the environment variable holding the API key (the key itself is never a
@@ -188,6 +207,33 @@ class ImageParams:
     clip_min_fps: float
     """Fail a clip (NO_IMAGE) whose history gives fewer frames per second than this (0 = never; the
     result's clip_fps reports the rate). Default: 0.0. Allowed: >= 0, <= 60."""
+
+
+@dataclass(frozen=True)
+class CamerasParams:
+    """The ``cameras.*`` parameters.
+
+    Several named cameras (a front and a wrist camera, ...) that one goal can ask about together
+    (docs/INTERFACES.md, "Several cameras in one goal"). Empty names: the one camera of image.*,
+    named 'default'.
+    """
+
+    names: tuple[str, ...]
+    """Named cameras, the default camera first (a goal with empty cameras[] asks about it). Camera
+    NAME subscribes to NAME/image and/or NAME/image/compressed (the first camera, with
+    depth.enabled, also to NAME/depth/image and NAME/camera_info): relative names, remapped to the
+    drivers' topics. Empty = one camera named 'default' on image, image/compressed. Left at its
+    default, engine.limit_mm_per_prompt takes one image per camera. Default: []. Allowed: up to 16
+    unique names, each a letter then letters, digits or underscores."""
+
+    inputs: tuple[str, ...]
+    """Per camera, in cameras.names order: raw, compressed or both (empty = image.input for every
+    camera). Default: []. Allowed: each item one of raw, compressed, both."""
+
+    max_skew_s: float
+    """Largest difference between the header stamps of the frames one multi-camera goal uses (0 =
+    equal stamps: hardware-synchronised cameras); the goal waits, at most its wait_for_image_s, for
+    such a set. Default: 0.1. Allowed: >= 0.0, <= 10.0."""
 
 
 @dataclass(frozen=True)
@@ -366,6 +412,7 @@ SECTIONS: dict[str, type[Any]] = {
     "engine": EngineParams,
     "model": ModelParams,
     "image": ImageParams,
+    "cameras": CamerasParams,
     "depth": DepthParams,
     "limits": LimitsParams,
     "periodic": PeriodicParams,
@@ -383,6 +430,7 @@ class NodeParams:
     engine: EngineParams
     model: ModelParams
     image: ImageParams
+    cameras: CamerasParams
     depth: DepthParams
     limits: LimitsParams
     periodic: PeriodicParams

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import json
 import logging
 import math
 import time
@@ -31,7 +32,7 @@ from typing import Any, Generic, TypeVar
 
 import numpy as np
 
-from cosmos_reason_ros.core import imaging, query
+from cosmos_reason_ros.core import imaging, query, routing
 from cosmos_reason_ros.core.answer3d import Answer3D, DepthLifter, DepthSettings, LiftCode
 from cosmos_reason_ros.core.cameras import (
     DEFAULT_CAMERA,
@@ -147,16 +148,26 @@ class Settings:
     feedback_rate_hz: float = 10.0
     ready_frame_within_s: float = 0.0
     depth: DepthSettings | None = None  # None: depth input off
+    # Requests about a camera carry the routing key '<prefix>/<camera>' (core/routing.py).
+    session_key_prefix: str = ""
 
     @classmethod
-    def from_params(cls, p: NodeParams, profile: ModelProfile) -> Settings:
-        """Build from the validated node parameters (``ros/config.validate``)."""
+    def from_params(cls, p: NodeParams, profile: ModelProfile,
+                    node_name: str = "") -> Settings:
+        """Build from the validated node parameters (``ros/config.validate``).
+
+        ``node_name`` (the node's fully qualified name) prefixes the routing keys unless
+        ``engine.session_key`` names another prefix.
+        """
         return cls(
             profile=profile,
+            session_key_prefix=p.engine.session_key or node_name,
             limits=query.QueryLimits(
                 max_tokens=p.limits.max_tokens, max_prompt_chars=p.limits.max_prompt_chars,
                 max_schema_bytes=p.limits.max_schema_bytes,
-                max_image_pixels=p.model.max_pixels),
+                max_image_pixels=p.model.max_pixels, max_images=_images_per_prompt(p),
+                # Only the in-process engine's context is known here; a server has its own.
+                max_model_len=p.engine.max_model_len if p.engine.kind == "vllm" else 0),
             constrain_structured_tasks=p.model.constrain_structured_tasks,
             fixed_output_length=p.limits.fixed_output_length,
             engine_constrains_after_reasoning=p.engine.constrains_after_reasoning,
@@ -576,14 +587,38 @@ class GoalPipeline(Generic[P]):
 
     # --- 3. request ----------------------------------------------------------------------
 
+    def session_key(self, camera: str | None = None) -> str:
+        """Return the routing key of requests about ``camera`` (default: the default camera).
+
+        Goals, follow-up questions, periodic runs and prefills about one camera share it, so
+        a router with session affinity sends them to the server that holds its image prefix.
+        """
+        return routing.session_key(self.settings.session_key_prefix,
+                                   camera or self.default_camera)
+
     def build_request(self, goal: ValidGoal, media: Media, priority: int = 0,
                       request_id: str | None = None) -> ChatRequest:
-        """Build the engine request for a goal about prepared media."""
+        """Build the engine request for a goal about prepared media.
+
+        It is routed by its first camera (whose image starts the prompt: the cached prefix);
+        a goal's own image by the default camera's key.
+        """
         return query.build_request(
             request_id or uuid.uuid4().hex, self.settings.profile, goal.spec, media.prepared,
             priority=priority,
             engine_constrains_after_reasoning=self.settings.engine_constrains_after_reasoning,
-            limits=self.settings.limits)
+            limits=self.settings.limits,
+            session_key=self.session_key(media.cameras[0].camera if media.cameras else None))
+
+    def build_prefill_request(self, media: Media, reasoning: bool = False,
+                              request_id: str | None = None) -> ChatRequest:
+        """Build the one-token request over a default-camera frame's prefix.
+
+        Routed like the goals about that camera (``query.build_prefill_request``).
+        """
+        return query.build_prefill_request(
+            request_id or uuid.uuid4().hex, self.settings.profile, media.prepared,
+            reasoning=reasoning, session_key=self.session_key())
 
     # --- the whole run -------------------------------------------------------------------
 
@@ -623,6 +658,8 @@ class GoalPipeline(Generic[P]):
                     self.prefill.goal_frame(prefix_stamp)
             run.request = self.build_request(goal, run.media, priority)
             self._generate(run, goal, deadline, t_start, should_stop, on_stage, on_progress)
+            if self.prefill is not None and is_goal and run.outcome is not None:
+                self.prefill.goal_served(run.outcome.tokens.cached_prompt)
             run.answer3d = self.lift(goal, run.media, run.outcome, depth_frame)
         except CosmosReasonError as e:
             run.error = e
@@ -704,6 +741,17 @@ class GoalPipeline(Generic[P]):
                                    Timings(time_to_first_token_s=run.time_to_first_token_s))
         if stopped is not None:
             raise stopped
+
+
+def _images_per_prompt(p: NodeParams) -> int:
+    """Return the engine's images per prompt (``limit_mm_per_prompt``'s "image"; 0: not set).
+
+    ``ros/config.validate`` has already raised it to the number of cameras where it was left
+    at its default; the value is a checked JSON object.
+    """
+    limits = json.loads(p.engine.limit_mm_per_prompt or "{}")
+    image = limits.get("image", 0)
+    return image if isinstance(image, int) and image > 0 else 0
 
 
 def _camera_image(camera: str, media: Media) -> CameraImage:

@@ -26,6 +26,11 @@ class PrefillCounts:
     failed: int = 0  # prefills that ended with an engine error
     goals_on_prefilled_frame: int = 0  # goals whose frame had been prefilled
     goals_on_ready_frame: int = 0  # 'latest' goals given an older, prefilled frame instead
+    # Prompt tokens the engine served from its caches: for the last goal, and how many goals
+    # had any. Prefill and (behind a router) session affinity working show here; 0 on a
+    # server means its caches missed (another backend, an evicted prefix).
+    goals_last_cached_prompt_tokens: int = 0
+    goals_with_cached_prompt: int = 0
 
 
 class PrefillPolicy:
@@ -116,6 +121,13 @@ class PrefillPolicy:
             if hit:
                 self._counts["goals_on_prefilled_frame"] += 1
             return hit
+
+    def goal_served(self, cached_prompt_tokens: int) -> None:
+        """Record how many of a finished goal's prompt tokens came from the engine's caches."""
+        with self._lock:
+            self._counts["goals_last_cached_prompt_tokens"] = max(0, cached_prompt_tokens)
+            if cached_prompt_tokens > 0:
+                self._counts["goals_with_cached_prompt"] += 1
 
     def ready_frame(self, stamps_newest_first: list[int]) -> int | None:
         """For a goal on the latest frame: the newest prefilled frame when the newest is not.

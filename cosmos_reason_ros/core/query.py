@@ -263,8 +263,12 @@ def build_request(
     engine_constrains_after_reasoning: bool = False,
     priority: int = 0,
     limits: QueryLimits | None = None,
+    session_key: str = "",
 ) -> ChatRequest:
-    """Assemble the engine request for a spec and prepared media (limits: the media's)."""
+    """Assemble the engine request for a spec and prepared media (limits: the media's).
+
+    ``session_key`` routes it behind a router (``core/routing.py``).
+    """
     if limits is not None:
         check_media_limits(profile, media, limits)
     messages = prompts.build_request_messages(
@@ -275,6 +279,7 @@ def build_request(
     return ChatRequest(
         request_id=request_id, messages=messages, sampling=spec.sampling, images=media.images,
         video=media.video, json_schema=schema, priority=priority, reasoning=spec.reasoning,
+        session_key=session_key,
     )
 
 
@@ -287,6 +292,7 @@ def build_prefill_request(
     media: PreparedMedia,
     *,
     reasoning: bool = False,
+    session_key: str = "",
 ) -> ChatRequest:
     """Build a one-token request over only the shared prefix (system turn + media).
 
@@ -300,6 +306,7 @@ def build_prefill_request(
     return ChatRequest(
         request_id=request_id, messages=messages, sampling=Sampling(max_tokens=1, temperature=0.0),
         images=media.images, video=media.video, priority=PREFILL_PRIORITY, reasoning=reasoning,
+        session_key=session_key,
     )
 
 

@@ -197,6 +197,10 @@ class ChatRequest:
     # Whether the prompt asks for a <think> block: servers with a reasoning parser must then
     # let the model think (and constrain only after </think>); None = let the engine decide.
     reasoning: bool | None = None
+    # Routing key for servers behind a router: every request about one camera carries the
+    # same one, so they reach the server holding its prefix in cache ("" = none; the
+    # in-process engine ignores it). See core/routing.py.
+    session_key: str = ""
 
     def wants_reasoning(self) -> bool:
         """Whether the model should think first: the request's flag, else the prompt text.

@@ -36,6 +36,18 @@ class EngineHealth:
     detail: str = ""
 
 
+def output_token_limit(max_tokens: int) -> int:
+    """Return the most output tokens an engine reads for a request asking for ``max_tokens``.
+
+    Every engine stops there, whatever its backend does: a server that ignores max_tokens
+    (a proxy, another implementation, ignore_eos set by mistake) must not make an answer, a
+    goal or the start-up unbounded. The margin (8 tokens or 10 %, whichever is more) absorbs
+    backends that count a token or two differently (a stop token, a detokenizer flush).
+    """
+    asked = max(1, int(max_tokens))
+    return asked + max(8, -(-asked // 10))
+
+
 class Engine(abc.ABC):
     """Async inference backend.
 

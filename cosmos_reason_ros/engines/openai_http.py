@@ -1,63 +1,58 @@
-"""Engine for OpenAI-compatible servers (``vllm serve``), with health checks and failover.
+"""Engine for OpenAI-compatible servers (``vllm serve``, ``vllm-router``) over aiohttp.
 
-One :class:`OpenAIServerEngine` talks to one or more base URLs (``http://host:8000/v1``) that
-serve the same model. A background task probes ``GET /health`` on every endpoint; requests go
-to the least busy healthy endpoint and move to the next one when an endpoint fails *before*
-the first token (connection refused, connect timeout, HTTP 5xx/429/401/404). After the first
-token nothing is retried: a broken stream raises :class:`EngineUnavailableError`.
+One URL (a router in front of many servers, or one ``vllm serve``) plus ordered fallbacks
+for when it cannot be reached, e.g. the robot's onboard server when the link to the rack
+drops. Load balancing belongs to the router; this engine keeps the order: a request goes to
+the first URL not known to be down and moves to the next when that one fails *before* the
+first token (unreachable, HTTP 5xx/429/401/403/404). A background task probes every URL
+(``/readiness``, else ``/health``), so a URL marked down is first again as soon as it
+answers. After the first token nothing is retried: a broken stream raises
+:class:`EngineUnavailableError`. HTTP 429 and 503 are first retried on the same URL, at most
+``busy_retries`` times with jittered backoff, within the first-token deadline (a goal's
+deadline cancels the request and any wait). ``GET /v1/models`` is asked on each URL before
+its first use: the configured model must be served there.
 
-Request fields this module sends, as verified against vLLM 0.32.0's server (see
-``test/engines/test_openai_http.py``):
+Every request about one camera carries the same routing header (``session_header``: value
+``ChatRequest.session_key``), so a router with session affinity (``vllm-router --policy
+consistent_hash``) keeps a camera's goals and prefills on the server holding its image in
+cache. The body is ``openai_request.RequestEncoder``'s. (The ``openai`` SDK was measured side
+by side and kept out: ~2 ms more per request on this path, docs/PERFORMANCE.md.)
 
-- Images: ``image_url`` parts with ``data:image/jpeg;base64,...`` URLs.
-- Video: a ``video_url`` part with a ``data:video/mp4;base64,...`` URL (the clip written with
-  OpenCV's ``mp4v`` writer at the clip's fps; the server samples frames itself). Where the
-  local OpenCV cannot write mp4, or with ``video_mode="frames"``, the clip goes as one image
-  per frame, each preceded by its timestamp in text (models then see images, not a video).
-- Structured outputs: ``structured_outputs: {"json": schema}`` (vLLM's own field, the
-  default). ``response_format: {"type": "json_schema", ...}`` is honoured too and is the
-  portable choice for other OpenAI-compatible servers (``structured_outputs_field``).
-  The legacy ``guided_json`` is silently ignored by vLLM >= 0.12 and is never sent.
-- Reasoning: with ``--reasoning-parser qwen3`` the server splits ``<think>`` blocks into
-  ``delta.reasoning`` (older servers: ``reasoning_content``); those arrive as
-  ``Chunk.reasoning_delta`` (or, with ``reasoning_output="inline"``, re-wrapped in ``<think>``
-  tags inside ``text_delta``). That parser treats *all* output as reasoning until
-  ``</think>`` unless the request says ``chat_template_kwargs: {"enable_thinking": false}``,
-  and it holds structured outputs back until the reasoning ends; so with ``thinking="auto"``
-  the engine sends ``enable_thinking: false`` for requests that do not ask for reasoning
-  (``request.reasoning`` if the request type has it, else: no ``<think>`` in any prompt text).
-- Sampling: ``temperature``, ``top_p``, ``max_tokens``, ``seed`` and vLLM's extra top-level
-  parameters ``top_k``, ``presence_penalty``, ``repetition_penalty``, ``ignore_eos``.
-- Bounds: whatever a server streams, reading stops a little past the request's
-  ``max_tokens`` (``output_token_limit``; reasoning counts too), judged by content deltas,
-  ``usage`` and characters, and the whole body is bounded in bytes. The stream is then
-  closed (the server sees a disconnect), the request ends with ``LENGTH`` and one warning
-  names the endpoint. The warm-up request is bounded the same way.
+Bounds: reading stops a little past the request's ``max_tokens`` (``output_token_limit``;
+reasoning counts too), judged by content deltas, ``usage`` and characters, and the body is
+bounded in bytes (an error body to 64 KiB). The stream is then closed (vLLM aborts a request
+whose client went away), the request ends with ``LENGTH`` and one warning names the URL.
+Closing the stream early (cancel, ``abort``) aborts the request too.
 
-The API key is read from the environment variable *named* by ``api_key_env`` at each request;
-the key itself never enters the config, a log line, a repr or an error message.
+The API key is read at each request from the environment variable *named* by
+``api_key_env`` and goes only into the ``Authorization`` header.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import json
 import logging
 import os
+import random
 import re
-import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, TypeVar
 
 import aiohttp
 import numpy as np
 
-from cosmos_reason_ros.core.imaging import encode_jpeg as _encode_jpeg
+from cosmos_reason_ros.core.routing import (
+    DEFAULT_SESSION_HEADER,
+    base_url_problem,
+    fallback_urls_problem,
+    header_name_problem,
+    normalized_url,
+)
 from cosmos_reason_ros.core.types import (
     BadRequestError,
     ChatRequest,
@@ -72,12 +67,18 @@ from cosmos_reason_ros.core.types import (
     OverloadedError,
     PromptTooLongError,
     Sampling,
-    Video,
 )
-from cosmos_reason_ros.engines.base import Engine, EngineHealth, EngineState
+from cosmos_reason_ros.engines.base import Engine, EngineHealth, EngineState, output_token_limit
+from cosmos_reason_ros.engines.openai_request import (
+    STRUCTURED_FIELDS,
+    THINKING,
+    VIDEO_MODES,
+    RequestEncoder,
+)
 
 _LOG = logging.getLogger(__name__)
 _T = TypeVar("_T")
+_Fields = tuple[dict[str, Any], dict[str, Any]]  # RequestEncoder.body(): OpenAI's, vLLM's
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _TOO_LONG = re.compile(
@@ -85,54 +86,49 @@ _TOO_LONG = re.compile(
     re.IGNORECASE,
 )
 _FINISH = {
-    "stop": FinishReason.STOP,
-    "eos": FinishReason.STOP,
-    "tool_calls": FinishReason.STOP,
-    "function_call": FinishReason.STOP,
-    "length": FinishReason.LENGTH,
-    "abort": FinishReason.CANCELLED,
-    "cancelled": FinishReason.CANCELLED,
+    "stop": FinishReason.STOP, "eos": FinishReason.STOP, "tool_calls": FinishReason.STOP,
+    "function_call": FinishReason.STOP, "length": FinishReason.LENGTH,
+    "abort": FinishReason.CANCELLED, "cancelled": FinishReason.CANCELLED,
 }
-_THINKING = ("auto", "on", "off", "server")
 _REASONING_OUTPUT = ("split", "inline")
-_STRUCTURED_FIELDS = ("structured_outputs", "response_format")
-_VIDEO_MODES = ("mp4", "frames")
 _WARMUP_SIZE = 64  # px; a multiple of every Qwen-VL patch unit (28 and 32)
-_EOL = re.compile(rb"\r\n|\r|\n")
+# vllm-router (0.1.17) answers /health with 503 while ANY of its backends is down, but
+# /readiness with 200 while one is up; vllm serve has no /readiness (404): its /health says
+# whether its engine runs. Each URL is asked the first path it answers.
+_HEALTH_PATHS = ("/readiness", "/health")
+_BUSY_STATUSES = (429, 503)  # retried on the same URL, with jitter
+_RETRY_BASE_S, _RETRY_CAP_S = 0.25, 2.0
 _ERROR_BODY_BYTES = 64 * 1024  # enough for any error message; the rest is not read
-
-# A server that ignores max_tokens (a proxy, another implementation, ignore_eos set by
-# mistake) must not make an answer, a goal or the start-up unbounded: reading stops a little
-# past what the request allows (see ``output_token_limit``). Three counts, each a lower bound
-# on the tokens a server has sent, so a server that keeps to max_tokens never trips them:
-# - content deltas: a token-streaming server (vLLM) sends at least one token per delta;
-# - ``usage.completion_tokens``, when a server reports it mid-stream;
-# - characters / _MAX_CHARS_PER_TOKEN, for servers that batch many tokens into one delta.
-#   Answers average ~4 characters per token (English), ~3 (JSON, code); only text made of
-#   nothing but the longest whitespace or punctuation tokens averages more than 32.
+_OTHER_BODY_BYTES = 1024 * 1024  # /v1/models
+_EOL = re.compile(rb"\r\n|\r|\n")
+# Answers average ~4 characters per token (English), ~3 (JSON, code); only text made of
+# nothing but the longest whitespace or punctuation tokens averages more than 32, so a
+# server batching many tokens into one delta is still judged by characters / 32.
 _MAX_CHARS_PER_TOKEN = 32
-# Everything else a server sends (SSE framing, the JSON around each delta, usage, comments,
-# one line that never ends) is bounded in bytes: vLLM's event for one token is ~250-400 bytes.
+# Everything else a server sends (SSE framing, the JSON around each delta, usage, one line
+# that never ends) is bounded in bytes: vLLM's event for one token is ~250-400 bytes.
 _MAX_BYTES_PER_TOKEN = 4096
 _BYTES_SLACK = 64 * 1024
 
 
 @dataclass(frozen=True)
 class OpenAIServerConfig:
-    """Where the servers are and how to talk to them; validated on construction.
+    """Where the server is and how to talk to it; validated on construction.
 
-    ``endpoints`` are base URLs ending in ``/v1``; health is probed at the server root
-    (``/health``). ``model`` empty means: ask the first healthy server (``GET /v1/models``).
-    ``api_key_env`` is the *name* of an environment variable holding the key (empty: no key).
-    ``read_timeout_s`` is the longest gap allowed between stream chunks once generation has
-    begun; ``first_token_timeout_s`` bounds queueing plus prefill; ``request_timeout_s``
-    bounds the whole request. ``max_in_flight`` is per endpoint; when every healthy endpoint
-    is full, requests fail at once with ``OverloadedError``.
+    ``url`` (a router or one server) and the ordered ``fallback_urls`` are base URLs ending
+    in ``/v1``; health is probed at the URL without ``/v1`` (``_HEALTH_PATHS``). ``model`` empty
+    means: the first model each server lists. ``api_key_env`` is the *name* of an
+    environment variable holding the key (empty: no key). ``session_header`` names the
+    routing header ("" sends none). ``read_timeout_s`` is the longest silence allowed once
+    generation has begun; ``first_token_timeout_s`` bounds queueing plus prefill (and the
+    busy retries); ``request_timeout_s`` bounds the whole request.
     """
 
-    endpoints: tuple[str, ...] = ("http://127.0.0.1:8000/v1",)
+    url: str = "http://127.0.0.1:8000/v1"
+    fallback_urls: tuple[str, ...] = ()
     model: str = ""
     api_key_env: str = ""
+    session_header: str = DEFAULT_SESSION_HEADER
     connect_timeout_s: float = 3.0
     read_timeout_s: float = 30.0
     first_token_timeout_s: float = 120.0
@@ -140,7 +136,7 @@ class OpenAIServerConfig:
     start_timeout_s: float = 60.0
     health_period_s: float = 2.0
     health_timeout_s: float = 2.0
-    max_in_flight: int = 32
+    busy_retries: int = 3
     jpeg_quality: int = 90
     thinking: str = "auto"  # auto | on | off | server (send nothing)
     reasoning_output: str = "split"  # split: Chunk.reasoning_delta; inline: <think> in text
@@ -149,21 +145,24 @@ class OpenAIServerConfig:
     warmup: bool = True
 
     def __post_init__(self) -> None:
-        """Normalise ``endpoints`` to a tuple and check every field."""
-        eps = self.endpoints
-        if isinstance(eps, str):
-            eps = (eps,)
-        eps = tuple(str(e).rstrip("/") for e in eps)
-        object.__setattr__(self, "endpoints", eps)
-        if not eps:
-            raise ValueError("endpoints is empty; expected at least one base URL like "
-                             "'http://127.0.0.1:8000/v1'")
-        for e in eps:
-            if not e.startswith(("http://", "https://")):
-                raise ValueError(f"endpoints entry {e!r} is not an http(s) URL; expected "
-                                 "a base URL like 'http://127.0.0.1:8000/v1'")
-        if len(set(eps)) != len(eps):
-            raise ValueError(f"endpoints={list(eps)} lists an endpoint twice")
+        """Normalise the URLs and check every field, naming it and what is allowed."""
+        fallbacks = self.fallback_urls
+        fallbacks = (fallbacks,) if isinstance(fallbacks, str) else tuple(fallbacks)
+        object.__setattr__(self, "fallback_urls", fallbacks)
+        problem = base_url_problem(self.url)
+        if problem:
+            raise ValueError(f"url={self.url!r}: {problem}")
+        problem = fallback_urls_problem(fallbacks)
+        if problem:
+            raise ValueError(f"fallback_urls={list(fallbacks)!r}: {problem}")
+        if normalized_url(self.url) in map(normalized_url, fallbacks):
+            raise ValueError(f"fallback_urls={list(fallbacks)!r} repeats url={self.url!r}; "
+                             "list other servers only")
+        object.__setattr__(self, "url", normalized_url(self.url))
+        object.__setattr__(self, "fallback_urls", tuple(map(normalized_url, fallbacks)))
+        problem = header_name_problem(self.session_header)
+        if problem:
+            raise ValueError(f"session_header={self.session_header!r}: {problem}")
         if self.api_key_env and not _ENV_NAME.match(self.api_key_env):
             # Never echo the value: a user may have pasted the key itself here.
             raise ValueError("api_key_env must be the NAME of an environment variable "
@@ -174,15 +173,20 @@ class OpenAIServerConfig:
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not value > 0:
                 raise ValueError(f"{name}={value!r}; expected a number > 0")
-        if not isinstance(self.max_in_flight, int) or self.max_in_flight < 1:
-            raise ValueError(f"max_in_flight={self.max_in_flight!r}; expected an integer >= 1")
+        if not isinstance(self.busy_retries, int) or not 0 <= self.busy_retries <= 10:
+            raise ValueError(f"busy_retries={self.busy_retries!r}; expected 0..10")
         if not isinstance(self.jpeg_quality, int) or not 1 <= self.jpeg_quality <= 100:
             raise ValueError(f"jpeg_quality={self.jpeg_quality!r}; expected 1..100")
-        for name, allowed in (("thinking", _THINKING), ("reasoning_output", _REASONING_OUTPUT),
-                              ("structured_outputs_field", _STRUCTURED_FIELDS),
-                              ("video_mode", _VIDEO_MODES)):
+        for name, allowed in (("thinking", THINKING), ("reasoning_output", _REASONING_OUTPUT),
+                              ("structured_outputs_field", STRUCTURED_FIELDS),
+                              ("video_mode", VIDEO_MODES)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name}={getattr(self, name)!r}; expected one of {allowed}")
+
+    @property
+    def urls(self) -> tuple[str, ...]:
+        """Every base URL, in the order requests try them."""
+        return (self.url, *self.fallback_urls)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> OpenAIServerConfig:
@@ -192,10 +196,7 @@ class OpenAIServerConfig:
         if unknown:
             raise ValueError(f"unknown OpenAIServerConfig key(s) {unknown}; "
                              f"allowed keys: {allowed}")
-        kwargs = dict(data)
-        if "endpoints" in kwargs and not isinstance(kwargs["endpoints"], str):
-            kwargs["endpoints"] = tuple(kwargs["endpoints"])
-        return cls(**kwargs)
+        return cls(**data)
 
 
 # --- server-sent events -----------------------------------------------------------------------
@@ -246,53 +247,8 @@ class SSEParser:
         if line.startswith(":"):
             return
         name, _, value = line.partition(":")
-        if value.startswith(" "):
-            value = value[1:]
         if name == "data":
-            self._data.append(value)
-
-
-# --- endpoints ----------------------------------------------------------------------------------
-
-
-@dataclass
-class _Endpoint:
-    """Mutable state of one server, only touched on the engine's loop."""
-
-    base: str  # .../v1
-    root: str  # server root, for /health
-    index: int
-    up: bool | None = None  # None: not probed yet
-    in_flight: int = 0
-    last_error: str = ""
-    served: int = 0
-
-
-class _Failover(Exception):
-    """The endpoint failed before the first token; the next endpoint may be tried."""
-
-    def __init__(self, error: CosmosReasonError, mark_down: bool) -> None:
-        super().__init__(error.message)
-        self.error = error
-        self.mark_down = mark_down
-
-
-@dataclass
-class _Active:
-    """A request in flight, so that ``abort`` can close its HTTP response."""
-
-    response: aiohttp.ClientResponse | None = None
-    cancelled: bool = False
-
-
-def output_token_limit(max_tokens: int) -> int:
-    """Return the most output tokens read for a request asking for ``max_tokens``.
-
-    The margin (8 tokens or 10 %, whichever is more) absorbs servers that count a token or
-    two differently (a stop token, a detokenizer flush); beyond it a server is overrunning.
-    """
-    asked = max(1, int(max_tokens))
-    return asked + max(8, -(-asked // 10))
+            self._data.append(value[1:] if value.startswith(" ") else value)
 
 
 @dataclass
@@ -300,10 +256,9 @@ class _OutputBound:
     """What a request allows a server to send, and how much of it has arrived."""
 
     max_tokens: int
-    deltas: int = 0  # content or reasoning deltas passed on
+    deltas: int = 0  # content or reasoning deltas passed on (vLLM: at least a token each)
     chars: int = 0  # their characters
     usage_tokens: int = 0  # the largest usage.completion_tokens seen
-    bytes_read: int = 0  # everything read from the response body
     limit: int = field(init=False)  # tokens
     max_chars: int = field(init=False)
     max_bytes: int = field(init=False)
@@ -319,48 +274,57 @@ class _OutputBound:
         return max(self.deltas, self.usage_tokens, -(-self.chars // _MAX_CHARS_PER_TOKEN))
 
 
-def _server_root(base: str) -> str:
-    return base[: -len("/v1")] if base.endswith("/v1") else base
+# --- small helpers ----------------------------------------------------------------------------
+
+
+_ABORTED = object()
+_STATE_WORDS = {True: "up", False: "down", None: "unknown"}
+
+
+async def _step(awaitable: Awaitable[_T], aborted: asyncio.Event, timeout_s: float) -> Any:
+    """Await ``awaitable`` for at most ``timeout_s`` (``asyncio.TimeoutError`` after that).
+
+    Returns ``_ABORTED`` as soon as ``aborted`` is set. Never loses a cancel of the caller
+    (``asyncio.wait`` re-raises it; ``wait_for`` on Python 3.10/3.11 may swallow one, which
+    would leave a stream running on the server); an HTTP stream that arrives while giving
+    up is closed.
+    """
+    step = asyncio.ensure_future(awaitable)
+    stop = asyncio.ensure_future(aborted.wait())
+    try:
+        await asyncio.wait((step, stop), timeout=max(0.0, timeout_s),
+                           return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stop.cancel()
+        if not step.done():
+            step.cancel()
+            await asyncio.wait((step,))  # let it unwind (closes its connection)
+    failed = step.cancelled() or step.exception() is not None  # (marks it retrieved)
+    if aborted.is_set():
+        if not failed:
+            await _close(step.result())
+        return _ABORTED
+    if step.cancelled():
+        raise asyncio.TimeoutError
+    return step.result()
+
+
+async def _close(thing: object) -> None:
+    close = getattr(thing, "close", None)
+    if callable(close):
+        result = close()
+        if asyncio.iscoroutine(result):
+            await result
 
 
 def _error_text(body: str, limit: int = 300) -> str:
-    """Extract the server's error message from a JSON error body (or raw text), shortened."""
+    """Return the server's message from an error body (its JSON ``message``, else the text)."""
     message = body
     with contextlib.suppress(ValueError, TypeError, AttributeError):
         parsed = json.loads(body)
-        err = parsed.get("error", parsed) if isinstance(parsed, dict) else parsed
-        if isinstance(err, dict):
-            message = str(err.get("message") or err)
-        elif isinstance(err, str):
-            message = err
-    message = " ".join(message.split())
+        error = parsed.get("error", parsed) if isinstance(parsed, dict) else parsed
+        message = str(error.get("message") or body) if isinstance(error, dict) else body
     return message[:limit] + ("..." if len(message) > limit else "")
-
-
-async def _within(awaitable: Awaitable[_T], timeout_s: float) -> _T:
-    """Await with a timeout (raises ``asyncio.TimeoutError``) that never eats a cancel.
-
-    ``asyncio.wait_for`` on Python 3.10/3.11 may return the result and swallow a concurrent
-    ``cancel()`` when both happen at once; a lost cancel would leave a stream running on the
-    server. ``asyncio.wait`` always re-raises the cancel. A result produced while the caller
-    is being cancelled (an HTTP response) is closed.
-    """
-    task = asyncio.ensure_future(awaitable)
-    try:
-        done, _ = await asyncio.wait((task,), timeout=max(0.0, timeout_s))
-    except BaseException:
-        task.cancel()
-        if task.done() and not task.cancelled() and task.exception() is None:
-            close = getattr(task.result(), "close", None)
-            if callable(close):
-                close()
-        raise
-    if not done:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await task
-        raise asyncio.TimeoutError
-    return task.result()
 
 
 async def _read_capped(resp: aiohttp.ClientResponse, limit: int) -> str:
@@ -374,76 +338,196 @@ async def _read_capped(resp: aiohttp.ClientResponse, limit: int) -> str:
     return data.decode("utf-8", errors="replace")
 
 
-def _data_url(mime: str, data: bytes) -> str:
-    return f"data:{mime};base64," + base64.b64encode(data).decode("ascii")
-
-
-def _encode_mp4(video: Video) -> bytes | None:
-    """Write the clip as mp4 (OpenCV ``mp4v``); ``None`` where this OpenCV cannot."""
-    import cv2
-
-    if not video.frames:
-        raise BadRequestError("video has no frames; expected at least one")
-    h, w = video.frames[0].shape[:2]
-    fps = float(video.fps) if video.fps and video.fps > 0 else 4.0
-    fd, path = tempfile.mkstemp(suffix=".mp4", prefix="cosmos_reason_clip_")
-    os.close(fd)
-    try:
-        writer = cv2.VideoWriter(path, cv2.VideoWriter_fourcc(*"mp4v"), fps, (w, h))
-        if not writer.isOpened():
-            return None
-        try:
-            for i, frame in enumerate(video.frames):
-                if frame.shape[:2] != (h, w) or frame.dtype != np.uint8:
-                    raise BadRequestError(
-                        f"video.frames[{i}] shape={frame.shape} dtype={frame.dtype}; expected "
-                        f"{h}x{w}x3 uint8 like the first frame"
-                    )
-                writer.write(cv2.cvtColor(frame, cv2.COLOR_RGB2BGR))
-        finally:
-            writer.release()
-        with open(path, "rb") as f:
-            data = f.read()
-        return data or None
-    finally:
-        with contextlib.suppress(OSError):
-            os.unlink(path)
-
-
-
 # --- the engine ---------------------------------------------------------------------------------
 
 
-class OpenAIServerEngine(Engine):
-    """Streams chat completions from one or more OpenAI-compatible servers (``vllm serve``).
+class _InFlight:
+    """One request in flight: what ``abort()`` and its timers act on (engine loop only).
 
-    ``start()`` waits (up to ``start_timeout_s``) for a healthy endpoint, learns the model
-    name and warms every healthy endpoint up with a tiny image request. If no endpoint comes
-    up it raises ``EngineUnavailableError`` but stays usable: health probing goes on and
-    requests succeed as soon as a server answers ``/health``.
+    While the request is being sent, ``aborted`` ends the wait (``_step``). Once its stream
+    is open, abort and the timers close the stream: the pending read raises at once and the
+    reader sees why (``aborted``, ``expired``). One timer per request, re-armed only when it
+    fires, keeps the cost per streamed event at a clock read.
+    """
+
+    def __init__(self) -> None:
+        self.aborted = asyncio.Event()
+        self.expired: CosmosReasonError | None = None
+        self._close_stream: Callable[[], object] | None = None
+        self._due: Callable[[], tuple[float, CosmosReasonError]] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+
+    def abort(self) -> None:
+        """End the request now."""
+        self.aborted.set()
+        self._close()
+
+    def watch(self, close: Callable[[], object],
+              due: Callable[[], tuple[float, CosmosReasonError]]) -> None:
+        """Call ``close`` (the stream's) when ``due()`` says it is too slow, or on abort."""
+        self._close_stream, self._due = close, due
+        self._check()
+
+    def recheck(self) -> None:
+        """Re-arm the timer now: ``due()`` moved earlier."""
+        if self._timer is not None:
+            self._timer.cancel()
+        self._check()
+
+    def unwatch(self) -> None:
+        """Stop the timer (the stream ended)."""
+        if self._timer is not None:
+            self._timer.cancel()
+        self._close_stream = self._due = None
+
+    def _check(self) -> None:
+        if self._due is None:
+            return
+        when, error = self._due()
+        now = time.monotonic()
+        if now < when:
+            self._timer = asyncio.get_running_loop().call_later(when - now, self._check)
+            return
+        self.expired = error
+        self._close()
+
+    def _close(self) -> None:
+        if self._close_stream is not None:
+            self._close_stream()
+
+
+class _Deltas:
+    """Turns the stream's events into ``Chunk``s, within the request's output bound."""
+
+    def __init__(self, max_tokens: int, inline: bool) -> None:
+        self.bound = _OutputBound(max_tokens)
+        self.inline = inline  # reasoning re-wrapped in <think> tags inside the text
+        self.in_reasoning = False
+        self.delivered = False  # any text or reasoning passed on
+        self.finish: FinishReason | None = None
+        self.usage: dict[str, Any] | None = None
+        self.overran = ""  # what passed the bound; "" while within it
+        self.last_event = time.monotonic()
+
+    @property
+    def started(self) -> bool:
+        """Whether the first token arrived (nothing may be retried from then on)."""
+        return self.delivered or self.finish is not None
+
+    def add(self, event: Any, t0: float) -> list[Chunk]:
+        """Return the chunks of one event; sets ``overran`` when it passes the bound."""
+        self.last_event = now = time.monotonic()
+        bound, out = self.bound, []
+        if not isinstance(event, dict):
+            return out
+        if isinstance(event.get("usage"), dict):
+            self.usage = event["usage"]
+            with contextlib.suppress(TypeError, ValueError):
+                bound.usage_tokens = max(bound.usage_tokens,
+                                         int(self.usage.get("completion_tokens") or 0))
+            if bound.usage_tokens > bound.limit:
+                self.overran = f"usage.completion_tokens={bound.usage_tokens}"
+                return out
+        for choice in event.get("choices") or ():
+            delta = choice.get("delta") or {}
+            reasoning = str(delta.get("reasoning") or delta.get("reasoning_content") or "")
+            content = str(delta.get("content") or "")
+            if reasoning or content:
+                # Reasoning and answer share the request's max_tokens.
+                if bound.deltas >= bound.limit:
+                    self.overran = f"more than {bound.limit} deltas"
+                    return out
+                room = bound.max_chars - bound.chars
+                if len(reasoning) + len(content) > room:
+                    reasoning, content = reasoning[:room], content[: room - len(reasoning)]
+                    self.overran = f"more than {bound.max_chars} characters"
+                if reasoning or content:
+                    bound.deltas += 1
+                    bound.chars += len(reasoning) + len(content)
+            text, reasoning_delta = content, ""
+            if reasoning:
+                if self.inline:
+                    text = ("" if self.in_reasoning else "<think>\n") + reasoning + text
+                else:
+                    reasoning_delta = reasoning
+                self.in_reasoning = True
+            if content and self.in_reasoning and not reasoning:
+                if self.inline:
+                    text = "\n</think>\n\n" + text
+                self.in_reasoning = False
+            if text or reasoning_delta:
+                self.delivered = True
+                out.append(Chunk(text_delta=text, reasoning_delta=reasoning_delta,
+                                 output_tokens=bound.deltas, elapsed_s=now - t0))
+            if self.overran:
+                return out
+            if choice.get("finish_reason"):
+                self.finish = _FINISH.get(str(choice["finish_reason"]), FinishReason.ERROR)
+        return out
+
+    def final(self, t0: float) -> Chunk:
+        """Return the last chunk: finish reason and the server's token counts."""
+        assert self.finish is not None
+        usage = self.usage or {}
+        details = usage.get("prompt_tokens_details") or {}
+
+        def count(value: Any) -> int | None:
+            return int(value) if isinstance(value, (int, float)) else None
+
+        return Chunk(finish_reason=self.finish,
+                     output_tokens=count(usage.get("completion_tokens")) or self.bound.deltas,
+                     prompt_tokens=count(usage.get("prompt_tokens")),
+                     cached_prompt_tokens=count(details.get("cached_tokens")),
+                     elapsed_s=time.monotonic() - t0)
+
+
+@dataclass
+class _Server:
+    """One base URL and what is known of it; touched only on the engine's loop."""
+
+    url: str  # .../v1
+    root: str  # where /health is
+    up: bool | None = None  # None: not probed yet
+    health_path: str = ""  # which of _HEALTH_PATHS it answers ("" until known)
+    model: str = ""  # the model used there, once /v1/models has confirmed it
+    last_error: str = ""
+    served: int = 0
+
+
+class _TryNext(Exception):
+    """The URL failed before the first token; the next one in order may be tried."""
+
+    def __init__(self, error: CosmosReasonError, mark_down: bool) -> None:
+        super().__init__(error.message)
+        self.error = error
+        self.mark_down = mark_down
+
+
+class OpenAIServerEngine(Engine):
+    """Streams chat completions from an OpenAI-compatible server, with ordered fallbacks.
+
+    ``start()`` waits (up to ``start_timeout_s``) for a healthy URL, checks the model on
+    every healthy URL and warms each up with a tiny image request. If none comes up it raises
+    ``EngineUnavailableError`` but stays usable: health probing goes on and requests succeed
+    as soon as a server answers ``/health``.
     """
 
     def __init__(self, config: OpenAIServerConfig) -> None:
         """Keep the config; nothing is connected until ``start()`` or the first request."""
         self._config = config
-        self._endpoints = [
-            _Endpoint(base=e, root=_server_root(e), index=i)
-            for i, e in enumerate(config.endpoints)
-        ]
-        self._model = config.model
-        self._session: aiohttp.ClientSession | None = None
+        self._servers: list[_Server] = []
+        self._http: aiohttp.ClientSession | None = None
         self._health_task: asyncio.Task[None] | None = None
         self._health_changed: asyncio.Event | None = None
-        self._active: dict[str, _Active] = {}
+        self._active: dict[str, _InFlight] = {}
         self._starting = False
         self._closed = False
-        self._rotate = 0
-        self._mp4_ok = True
+        self._encoder = RequestEncoder(config.jpeg_quality, config.thinking,
+                                       config.structured_outputs_field, config.video_mode)
 
     def __repr__(self) -> str:
-        """Endpoints and model only (the config holds no secret, only a variable name)."""
-        endpoints = list(self._config.endpoints)
-        return f"OpenAIServerEngine(endpoints={endpoints}, model={self._model!r})"
+        """URLs and model only (the config holds no secret, only a variable name)."""
+        return f"OpenAIServerEngine(urls={list(self._config.urls)}, model={self.model_name!r})"
 
     # -- Engine interface --------------------------------------------------------------------
 
@@ -454,8 +538,8 @@ class OpenAIServerEngine(Engine):
 
     @property
     def model_name(self) -> str:
-        """The configured or discovered model name ("" until a server has been asked)."""
-        return self._model
+        """The configured model, else the one the first checked URL serves ("" until then)."""
+        return self._config.model or next((s.model for s in self._servers if s.model), "")
 
     @property
     def config(self) -> OpenAIServerConfig:
@@ -463,9 +547,7 @@ class OpenAIServerEngine(Engine):
         return self._config
 
     async def start(self) -> None:
-        """Connect, wait for a healthy endpoint, learn the model, warm up."""
-        if self._closed:
-            raise EngineUnavailableError("engine is closed; create a new one")
+        """Connect, wait for a healthy URL, check the model on each, warm up."""
         cfg = self._config
         if cfg.api_key_env and not os.environ.get(cfg.api_key_env):
             _LOG.warning("api key variable is not set: api_key_env=%s (requests go without a "
@@ -476,95 +558,104 @@ class OpenAIServerEngine(Engine):
             t0 = time.monotonic()
             if not await self._wait_healthy(cfg.start_timeout_s):
                 raise EngineUnavailableError(
-                    f"no endpoint became healthy within start_timeout_s={cfg.start_timeout_s}: "
-                    f"{self._describe_endpoints()}; health checks continue in the background"
-                )
-            await self._discover_model()
+                    f"no URL became healthy within start_timeout_s={cfg.start_timeout_s}: "
+                    f"{self._describe()}; health checks continue in the background")
+            usable, problems = [], []
+            for server in (s for s in self._servers if s.up):
+                try:
+                    await self._check_model(server)
+                    usable.append(server)
+                except CosmosReasonError as e:
+                    problems.append(e.message)
+                    _LOG.warning("url not usable: url=%s error=%s", server.url, e.message)
+            if not usable:
+                raise EngineUnavailableError("; ".join(problems))
             if cfg.warmup:
-                await self._warm_up()
-            _LOG.info("openai engine ready: model=%s endpoints_up=%d/%d start_s=%.2f",
-                      self._model, sum(1 for e in self._endpoints if e.up),
-                      len(self._endpoints), time.monotonic() - t0)
+                await asyncio.gather(*(self._warm_up(s) for s in usable))
+            _LOG.info("openai engine ready: model=%s urls_up=%d/%d start_s=%.2f",
+                      self.model_name, sum(1 for s in self._servers if s.up),
+                      len(self._servers), time.monotonic() - t0)
         finally:
             self._starting = False
 
     async def stream(self, request: ChatRequest) -> AsyncIterator[Chunk]:
         """Stream one chat completion; see the module docstring for the request format."""
         # aclosing: an early exit must close the inner generators now (closing the HTTP
-        # response), not whenever they are garbage-collected.
-        async with contextlib.aclosing(self._stream(request, only=None)) as chunks:
+        # stream), not whenever they are garbage-collected.
+        async with contextlib.aclosing(self._stream(request, None)) as chunks:
             async for chunk in chunks:
                 yield chunk
 
     async def abort(self, request_id: str) -> None:
-        """Close the request's HTTP response so that the server aborts it."""
-        active = self._active.get(request_id)
-        if active is None:
-            return
-        active.cancelled = True
-        if active.response is not None:
-            active.response.close()
+        """End the request: its stream is closed, so the server aborts it."""
+        flight = self._active.get(request_id)
+        if flight is not None:
+            flight.abort()
 
     async def health(self) -> EngineHealth:
-        """READY (all endpoints up), DEGRADED (some), UNAVAILABLE (none); never raises."""
+        """READY (every URL up), DEGRADED (some), UNAVAILABLE (none); never raises."""
         try:
-            running = sum(e.in_flight for e in self._endpoints)
             if self._closed:
-                return EngineHealth(EngineState.CLOSED, self._model)
-            if self._session is None:
-                return EngineHealth(EngineState.STOPPED, self._model)
-            up = sum(1 for e in self._endpoints if e.up)
-            detail = self._describe_endpoints()
-            if up == len(self._endpoints):
+                return EngineHealth(EngineState.CLOSED, self.model_name)
+            if self._http is None:
+                return EngineHealth(EngineState.STOPPED, self.model_name)
+            up = sum(1 for s in self._servers if s.up)
+            if up == len(self._servers):
                 state = EngineState.READY
             elif up:
                 state = EngineState.DEGRADED
-            elif self._starting:
-                state = EngineState.STARTING
             else:
-                state = EngineState.UNAVAILABLE
-            return EngineHealth(state, self._model, running, detail)
+                state = EngineState.STARTING if self._starting else EngineState.UNAVAILABLE
+            return EngineHealth(state, self.model_name, len(self._active), self._describe())
         except Exception as exc:  # noqa: BLE001 - health() must never raise
-            return EngineHealth(EngineState.UNAVAILABLE, self._model, 0, f"health failed: {exc}")
+            return EngineHealth(EngineState.UNAVAILABLE, "", 0, f"health failed: {exc}")
 
     async def close(self) -> None:
-        """Abort every request, stop health checks, close the HTTP session; idempotent."""
+        """Abort every request, stop health checks, close the connections; idempotent."""
         if self._closed:
             return
         self._closed = True
-        for request_id in list(self._active):
-            await self.abort(request_id)
+        for flight in self._active.values():
+            flight.abort()
         if self._health_task is not None:
             self._health_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._health_task
             self._health_task = None
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        if self._http is not None:
+            await self._http.close()
+            self._http = None
 
-    # -- plumbing ----------------------------------------------------------------------------
+    # -- connections and health ------------------------------------------------------------
 
-    def _ensure_running(self) -> aiohttp.ClientSession:
+    def _ensure_running(self) -> None:
         if self._closed:
             raise EngineUnavailableError("engine is closed; create a new one")
-        if self._session is None:
-            # No pool limit here: per-endpoint concurrency is bounded by max_in_flight.
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=0),
-                timeout=aiohttp.ClientTimeout(total=None),
-            )
+        cfg = self._config
+        if self._http is None:
+            # One pool for every URL (bounded; a request waits connect_timeout_s at most for
+            # a connection). No read timeout here: sending is bounded by _step, streaming by
+            # _InFlight's timers (first token, silence, request), each with its own limit.
+            self._http = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=256),
+                timeout=aiohttp.ClientTimeout(total=None, connect=cfg.connect_timeout_s,
+                                              sock_connect=cfg.connect_timeout_s))
+            self._servers = [_Server(url, url[: -len("/v1")]) for url in cfg.urls]
             self._health_changed = asyncio.Event()
         if self._health_task is None or self._health_task.done():
             self._health_task = asyncio.create_task(self._health_loop(), name="openai-health")
-        return self._session
 
-    def _headers(self) -> dict[str, str]:
-        headers = {"Content-Type": "application/json"}
+    def _headers(self, request_id: str = "", session_key: str = "") -> dict[str, str]:
+        """Per-request headers: the key (read now: it may be rotated), the request id, route."""
         name = self._config.api_key_env
         key = os.environ.get(name, "") if name else ""
+        headers = {"Content-Type": "application/json"}
         if key:
             headers["Authorization"] = f"Bearer {key}"
+        if request_id:  # correlates our logs with the server's; header-safe characters only
+            headers["X-Request-Id"] = re.sub(r"[^\x21-\x7e]", "_", request_id)[:128]
+        if session_key and self._config.session_header:
+            headers[self._config.session_header] = session_key
         return headers
 
     def _redact(self, text: str) -> str:
@@ -573,133 +664,110 @@ class OpenAIServerEngine(Engine):
         key = os.environ.get(name, "") if name else ""
         return text.replace(key, "***") if key else text
 
-    def _describe_endpoints(self) -> str:
-        parts = []
-        for e in self._endpoints:
-            state = {True: "up", False: "down", None: "unknown"}[e.up]
-            extra = f" ({e.last_error})" if e.last_error and not e.up else ""
-            parts.append(f"{e.base}={state}{extra}")
-        return "; ".join(parts)
+    def _describe(self) -> str:
+        return "; ".join(f"{s.url}={_STATE_WORDS[s.up]}"
+                         + (f" ({s.last_error})" if s.last_error and not s.up else "")
+                         for s in self._servers)
 
-    def _set_state(self, ep: _Endpoint, up: bool, why: str = "") -> None:
-        if ep.up is not up:
+    def _set_state(self, server: _Server, up: bool, why: str = "") -> None:
+        if server.up is not up:
             if up:
-                _LOG.info("endpoint up: endpoint=%s", ep.base)
+                _LOG.info("url up: url=%s", server.url)
             else:
-                _LOG.warning("endpoint down: endpoint=%s reason=%s", ep.base, why)
-        ep.up = up
-        ep.last_error = "" if up else why
+                _LOG.warning("url down: url=%s reason=%s", server.url, why)
+        server.up = up
+        server.last_error = "" if up else why
         if self._health_changed is not None:
             self._health_changed.set()
 
-    async def _probe(self, ep: _Endpoint) -> None:
-        assert self._session is not None
-        timeout = aiohttp.ClientTimeout(total=self._config.health_timeout_s,
-                                        sock_connect=self._config.connect_timeout_s)
-        try:
-            async with self._session.get(ep.root + "/health", timeout=timeout) as resp:
-                if resp.status == 200:
-                    self._set_state(ep, True)
-                else:
-                    self._set_state(ep, False, f"GET /health returned HTTP {resp.status}")
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
-            self._set_state(ep, False, f"GET /health failed: {type(exc).__name__}")
+    async def _probe(self, server: _Server) -> None:
+        assert self._http is not None
+        cfg = self._config
+        paths = (server.health_path,) if server.health_path else _HEALTH_PATHS
+        for path in paths:
+            try:
+                async with self._http.get(server.root + path, timeout=aiohttp.ClientTimeout(
+                        total=cfg.health_timeout_s, sock_connect=cfg.connect_timeout_s)) as resp:
+                    status = resp.status
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+                self._set_state(server, False, f"GET {path} failed: {type(exc).__name__}")
+                return
+            if status != 200 and status < 500 and path != paths[-1]:
+                continue  # not its health route (404: no router), or closed to us: the next
+            if status == 200:
+                server.health_path = path
+            # Only 5xx says down (a dead engine, a router without backends, a proxy without
+            # upstream); a 4xx server is reachable, and its requests will say what is wrong.
+            self._set_state(server, status < 500, f"GET {path} returned HTTP {status}")
+            return
 
     async def _health_loop(self) -> None:
         while not self._closed:
-            await asyncio.gather(*(self._probe(e) for e in self._endpoints))
+            await asyncio.gather(*(self._probe(s) for s in self._servers))
             await asyncio.sleep(self._config.health_period_s)
 
     async def _wait_healthy(self, timeout_s: float) -> bool:
         assert self._health_changed is not None
         deadline = time.monotonic() + timeout_s
-        while True:
-            self._health_changed.clear()
-            if any(e.up for e in self._endpoints):
-                return True
+        while not any(s.up for s in self._servers):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return False
+            self._health_changed.clear()
             with contextlib.suppress(asyncio.TimeoutError):
-                await _within(self._health_changed.wait(), remaining)
+                await _step(self._health_changed.wait(), asyncio.Event(), remaining)
+        return True
 
-    async def _discover_model(self) -> None:
-        if self._model:
+    async def _check_model(self, server: _Server) -> None:
+        """Learn what ``server`` serves (``GET /v1/models``); the configured model must be in it."""
+        if server.model:
             return
-        session = self._ensure_running()
-        errors = []
-        for ep in sorted(self._endpoints, key=lambda e: not e.up):
-            timeout = aiohttp.ClientTimeout(total=self._config.health_timeout_s * 5,
-                                            sock_connect=self._config.connect_timeout_s)
-            try:
-                async with session.get(ep.base + "/models", headers=self._headers(),
-                                       timeout=timeout) as resp:
-                    body = await resp.text()
-                    if resp.status != 200:
-                        errors.append(self._status_error(resp.status, body, ep).message)
-                        continue
-                    models = json.loads(body).get("data") or []
-                    if models:
-                        self._model = str(models[0]["id"])
-                        _LOG.info("model discovered: model=%s endpoint=%s", self._model, ep.base)
-                        return
-                    errors.append(f"{ep.base}: GET /models listed no model")
-            except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError,
-                    KeyError, TypeError, AttributeError) as exc:
-                errors.append(f"{ep.base}: GET /models failed: {type(exc).__name__}")
-        raise EngineUnavailableError("could not learn the model name (set model to skip "
-                                     "discovery): " + "; ".join(errors))
+        assert self._http is not None
+        timeout = aiohttp.ClientTimeout(total=self._config.health_timeout_s * 5,
+                                        sock_connect=self._config.connect_timeout_s)
+        try:
+            async with self._http.get(server.url + "/models", headers=self._headers(),
+                                      timeout=timeout) as resp:
+                body = await _read_capped(resp, _OTHER_BODY_BYTES)
+                if resp.status != 200:
+                    raise self._status_error(resp.status, body, server)
+            served = [str(m["id"]) for m in json.loads(body)["data"]]
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError, KeyError,
+                TypeError) as e:
+            message = f"{server.url}: GET /models failed: {type(e).__name__}"
+            if isinstance(e, (aiohttp.ClientConnectionError, asyncio.TimeoutError, OSError)):
+                self._set_state(server, False, message)
+            raise EngineUnavailableError(message) from None
+        wanted = self._config.model
+        if wanted and wanted not in served:
+            raise EngineUnavailableError(
+                f"{server.url} does not serve model {wanted!r} (engine.model); it serves "
+                f"{served}")
+        if not served:
+            raise EngineUnavailableError(f"{server.url}: GET /models listed no model")
+        server.model = wanted or served[0]
+        _LOG.info("model checked: model=%s url=%s", server.model, server.url)
 
-    async def _warm_up(self) -> None:
-        """One tiny image request per healthy endpoint, so first-request costs are paid now."""
+    async def _warm_up(self, server: _Server) -> None:
+        """One tiny image request, so first-request costs (compile, caches) are paid now."""
         image = np.full((_WARMUP_SIZE, _WARMUP_SIZE, 3), 128, dtype=np.uint8)
         request = ChatRequest(
-            request_id="",
-            messages=(Message("user", (ContentPart("image"), ContentPart("text", "Describe."))),),
-            sampling=Sampling(max_tokens=1, temperature=0.0),
-            images=(image,),
-        )
+            f"warmup-{uuid.uuid4().hex[:8]}",
+            (Message("user", (ContentPart("image"), ContentPart("text", "Describe."))),),
+            Sampling(max_tokens=1, temperature=0.0), (image,))
+        t0 = time.monotonic()
+        try:
+            async with contextlib.aclosing(self._stream(request, server)) as chunks:
+                async for _ in chunks:
+                    pass
+            _LOG.info("warm-up done: url=%s seconds=%.2f", server.url, time.monotonic() - t0)
+        except CosmosReasonError as exc:
+            _LOG.warning("warm-up failed: url=%s error=%s", server.url, exc.message)
 
-        async def one(ep: _Endpoint) -> None:
-            t0 = time.monotonic()
-            req = ChatRequest(f"warmup-{uuid.uuid4().hex[:8]}", request.messages,
-                              request.sampling, request.images)
-            try:
-                async with contextlib.aclosing(self._stream(req, only=ep)) as chunks:
-                    async for _ in chunks:
-                        pass
-                _LOG.info("warm-up done: endpoint=%s seconds=%.2f", ep.base,
-                          time.monotonic() - t0)
-            except CosmosReasonError as exc:
-                _LOG.warning("warm-up failed: endpoint=%s error=%s", ep.base, exc.message)
-
-        await asyncio.gather(*(one(e) for e in self._endpoints if e.up))
-
-    def _select(self, tried: list[_Endpoint], only: _Endpoint | None) -> _Endpoint:
-        """Least busy healthy endpoint (never-probed ones after those); rotate among ties."""
-        if only is not None:
-            if only in tried:
-                raise EngineUnavailableError(f"endpoint {only.base} failed")
-            return only
-        candidates = [e for e in self._endpoints if e.up is not False and e not in tried]
-        if not candidates:
-            detail = self._describe_endpoints()
-            raise EngineUnavailableError(f"no healthy endpoint: {detail}")
-        free = [e for e in candidates if e.in_flight < self._config.max_in_flight]
-        if not free:
-            raise OverloadedError(
-                f"every healthy endpoint has max_in_flight={self._config.max_in_flight} "
-                "requests running"
-            )
-        self._rotate += 1
-        n = len(self._endpoints)
-        return min(free, key=lambda e: (e.up is not True, e.in_flight,
-                                        (e.index - self._rotate) % n))
-
-    def _status_error(self, status: int, body: str, ep: _Endpoint) -> CosmosReasonError:
+    def _status_error(self, status: int, body: str, server: _Server) -> CosmosReasonError:
         """Map an HTTP error status (and the server's message) to our error classes."""
         message = self._redact(_error_text(body))
-        where = f"{ep.base} returned HTTP {status}"
+        where = f"{server.url} returned HTTP {status}"
         if status in (401, 403):
             hint = (f"check that the environment variable {self._config.api_key_env} holds "
                     "the server's --api-key") if self._config.api_key_env else (
@@ -707,410 +775,205 @@ class OpenAIServerEngine(Engine):
                     "environment variable holding it")
             return EngineUnavailableError(f"{where}: API key rejected ({message}); {hint}")
         if status in (400, 413, 422):
-            if _TOO_LONG.search(message):
-                return PromptTooLongError(f"{where}: {message}")
-            return BadRequestError(f"{where}: {message}")
+            cls = PromptTooLongError if _TOO_LONG.search(message) else BadRequestError
+            return cls(f"{where}: {message}")
         if status == 404:
-            return EngineUnavailableError(f"{where} (model {self._model!r} or route not "
+            return EngineUnavailableError(f"{where} (model {server.model!r} or route not "
                                           f"served there): {message}")
         if status == 429:
             return OverloadedError(f"{where}: {message}")
-        if status == 500:
-            return EngineError(f"{where}: {message}")
-        if status >= 500:
+        if status > 500:
             return EngineUnavailableError(f"{where}: {message}")
         return EngineError(f"{where}: {message}")
 
-    # -- request body ------------------------------------------------------------------------
+    # -- streaming -------------------------------------------------------------------------------
 
-    async def _build_body(self, request: ChatRequest) -> dict[str, Any]:
-        cfg = self._config
-        n_image_parts = sum(
-            1 for m in request.messages for p in m.content if p.kind == "image"
-        )
-        if n_image_parts != len(request.images):
-            raise BadRequestError(
-                f"messages reference {n_image_parts} image(s) but request.images has "
-                f"{len(request.images)}; expected one image part per image, in order"
-            )
-        has_video = any(p.kind == "video" for m in request.messages for p in m.content)
-        if has_video and request.video is None:
-            raise BadRequestError("messages contain a video part but request.video is None")
-        for m in request.messages:
-            for p in m.content:
-                if p.kind not in ("text", "image", "video"):
-                    raise BadRequestError(f"content part kind={p.kind!r}; expected 'text', "
-                                          "'image' or 'video'")
-
-        quality = cfg.jpeg_quality
-        image_urls = await asyncio.gather(*(
-            asyncio.to_thread(self._jpeg_url, img, f"images[{i}]", quality)
-            for i, img in enumerate(request.images)
-        ))
-        video_parts: list[dict[str, Any]] = []
-        if has_video and request.video is not None:
-            video_parts = await self._video_parts(request.video)
-
-        messages = []
-        images = iter(image_urls)
-        for m in request.messages:
-            content: list[dict[str, Any]] = []
-            for p in m.content:
-                if p.kind == "text":
-                    content.append({"type": "text", "text": p.text})
-                elif p.kind == "image":
-                    content.append({"type": "image_url", "image_url": {"url": next(images)}})
-                else:
-                    content.extend(video_parts)
-            if all(c["type"] == "text" for c in content):
-                messages.append({"role": m.role, "content": "".join(c["text"] for c in content)})
-            else:
-                messages.append({"role": m.role, "content": content})
-
-        s = request.sampling
-        body: dict[str, Any] = {
-            "model": self._model,
-            "messages": messages,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-            "max_tokens": s.max_tokens,
-            "temperature": s.temperature,
-            "top_p": s.top_p,
-        }
-        # vLLM takes its sampling extensions as extra top-level fields.
-        for name in ("seed", "top_k", "presence_penalty", "repetition_penalty"):
-            value = getattr(s, name)
-            if value is not None:
-                body[name] = value
-        if s.ignore_eos:
-            body["ignore_eos"] = True
-        if request.json_schema is not None:
-            if cfg.structured_outputs_field == "structured_outputs":
-                body["structured_outputs"] = {"json": request.json_schema}
-            else:
-                name = re.sub(r"[^A-Za-z0-9_-]", "_", str(request.json_schema.get("title",
-                                                                                 "answer")))
-                body["response_format"] = {
-                    "type": "json_schema",
-                    "json_schema": {"name": name[:64] or "answer",
-                                    "schema": request.json_schema},
-                }
-        if cfg.thinking == "off" or (cfg.thinking == "auto" and not request.wants_reasoning()):
-            body["chat_template_kwargs"] = {"enable_thinking": False}
-        elif cfg.thinking == "on":
-            body["chat_template_kwargs"] = {"enable_thinking": True}
-        return body
-
-    @staticmethod
-    def _jpeg_url(image: np.ndarray, what: str, quality: int) -> str:
-        if (not isinstance(image, np.ndarray) or image.dtype != np.uint8 or image.ndim != 3
-                or image.shape[2] != 3):
-            raise BadRequestError(
-                f"{what} shape={getattr(image, 'shape', None)} "
-                f"dtype={getattr(image, 'dtype', None)}; expected HxWx3 uint8 RGB"
-            )
-        return _data_url("image/jpeg", _encode_jpeg(image, quality))
-
-    async def _video_parts(self, video: Video) -> list[dict[str, Any]]:
-        if not video.frames:
-            raise BadRequestError("video has no frames; expected at least one")
-        if self._config.video_mode == "mp4" and self._mp4_ok:
-            data = await asyncio.to_thread(_encode_mp4, video)
-            if data is not None:
-                return [{"type": "video_url", "video_url": {"url": _data_url("video/mp4", data)}}]
-            self._mp4_ok = False
-            _LOG.warning("this OpenCV cannot write mp4v; sending video clips as timestamped "
-                         "frames from now on")
-        quality = self._config.jpeg_quality
-        urls = await asyncio.gather(*(
-            asyncio.to_thread(self._jpeg_url, f, f"video.frames[{i}]", quality)
-            for i, f in enumerate(video.frames)
-        ))
-        times = list(video.timestamps_s) + [
-            i / video.fps if video.fps else 0.0 for i in range(len(video.timestamps_s), len(urls))
-        ]
-        parts: list[dict[str, Any]] = [
-            {"type": "text", "text": f"{len(urls)} video frames follow, in time order:"}
-        ]
-        for t, url in zip(times[: len(urls)], urls, strict=True):
-            parts.append({"type": "text", "text": f"t={t:.2f}s"})
-            parts.append({"type": "image_url", "image_url": {"url": url}})
-        return parts
-
-    # -- streaming ---------------------------------------------------------------------------
-
-    async def _stream(self, request: ChatRequest, only: _Endpoint | None) -> AsyncIterator[Chunk]:
-        cfg = self._config
-        session = self._ensure_running()
+    async def _stream(self, request: ChatRequest, only: _Server | None) -> AsyncIterator[Chunk]:
+        """Try the URLs in order (or ``only``) until one streams the answer."""
+        self._ensure_running()
         t0 = time.monotonic()
-        deadline = t0 + cfg.request_timeout_s
-        if not self._model:
-            if not any(e.up for e in self._endpoints):
-                self._select([], only)  # raises EngineUnavailableError when all are down
-            await self._discover_model()
-        body = await self._build_body(request)
-        payload = json.dumps(body).encode()
+        servers = [only] if only is not None else \
+            [s for s in self._servers if s.up is not False]
+        if not servers:
+            raise EngineUnavailableError(f"no healthy URL: {self._describe()}")
+        fields = await self._encoder.body(request)
         request_id = request.request_id or uuid.uuid4().hex
-        active = _Active()
-        self._active[request_id] = active
-        tried: list[_Endpoint] = []
-        errors: list[str] = []
+        flight = self._active[request_id] = _InFlight()
+        errors: list[CosmosReasonError] = []
         try:
-            while True:
+            for server in servers:
                 try:
-                    ep = self._select(tried, only)
-                except CosmosReasonError as exc:
-                    if not errors:
-                        raise
-                    raise type(exc)(f"{exc.message}; tried: " + "; ".join(errors)) from None
-                ep.in_flight += 1
-                try:
-                    attempt = self._attempt(session, ep, payload, request_id, active, t0,
-                                            deadline, request.sampling.max_tokens)
+                    attempt = self._attempt(server, fields, request, request_id, flight, t0)
                     async with contextlib.aclosing(attempt) as chunks:
                         async for chunk in chunks:
                             yield chunk
-                    ep.served += 1
+                    server.served += 1
                     return
-                except _Failover as f:
-                    tried.append(ep)
-                    errors.append(f.error.message)
-                    if f.mark_down:
-                        self._set_state(ep, False, f.error.message)
-                    last = f.error
-                    _LOG.info("request failed over: request_id=%s endpoint=%s error=%s",
-                              request_id, ep.base, f.error.message)
-                    remaining = [e for e in self._endpoints
-                                 if e.up is not False and e not in tried]
-                    if only is not None or not remaining:
-                        message = last.message if len(errors) == 1 else (
-                            "every endpoint failed: " + "; ".join(errors))
-                        raise type(last)(message) from None
-                finally:
-                    ep.in_flight -= 1
+                except _TryNext as failed:
+                    errors.append(failed.error)
+                    if failed.mark_down:
+                        self._set_state(server, False, failed.error.message)
+                    _LOG.info("request moves on: request_id=%s url=%s error=%s",
+                              request_id, server.url, failed.error.message)
+            last = errors[-1]
+            raise type(last)(last.message if len(errors) == 1 else "every URL failed: "
+                             + "; ".join(e.message for e in errors)) from None
         finally:
             self._active.pop(request_id, None)
 
-    async def _attempt(
-        self,
-        session: aiohttp.ClientSession,
-        ep: _Endpoint,
-        payload: bytes,
-        request_id: str,
-        active: _Active,
-        t0: float,
-        deadline: float,
-        max_tokens: int,
-    ) -> AsyncIterator[Chunk]:
-        """One POST to one endpoint; raises ``_Failover`` only before the first token.
-
-        Reading stops once the output passes ``output_token_limit(max_tokens)``: the stream
-        is closed (the server sees a disconnect) and the request ends with ``LENGTH``.
-        """
-        cfg = self._config
-        headers = self._headers()
-        # Correlates our logs with the server's; header-safe characters only.
-        headers["X-Request-Id"] = re.sub(r"[^\x21-\x7e]", "_", request_id)[:128]
-        first_deadline = min(deadline, time.monotonic() + cfg.first_token_timeout_s)
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=cfg.connect_timeout_s,
-                                        connect=cfg.connect_timeout_s)
-        resp: aiohttp.ClientResponse | None = None
-        delivered = False  # has any text/reasoning reached the caller?
-        try:
+    async def _open(self, server: _Server, fields: _Fields, request: ChatRequest,
+                    request_id: str, flight: _InFlight, first_deadline: float) -> Any:
+        """POST the request; retry 429/503 with jitter; return the response or _ABORTED."""
+        assert self._http is not None
+        body, extra = fields  # the OpenAI fields, and vLLM's own (top-level in the JSON too)
+        payload = json.dumps({**body, **extra, "model": server.model}).encode()
+        headers = self._headers(request_id, request.session_key)
+        for attempt in range(self._config.busy_retries + 1):
             try:
-                resp = await _within(
-                    session.post(ep.base + "/chat/completions", data=payload, headers=headers,
-                                 timeout=timeout),
-                    max(0.001, first_deadline - time.monotonic()),
-                )
+                resp = await _step(self._http.post(server.url + "/chat/completions",
+                                                   data=payload, headers=headers),
+                                   flight.aborted, first_deadline - time.monotonic())
             # aiohttp's connect timeout is also an asyncio.TimeoutError: catch it first.
             except (aiohttp.ClientConnectorError, aiohttp.ServerTimeoutError,
-                    aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
-                raise _Failover(EngineUnavailableError(
-                    f"{ep.base} unreachable: {type(exc).__name__}: {self._redact(str(exc))}"
-                ), mark_down=True) from None
-            except aiohttp.ClientError as exc:
-                raise _Failover(EngineUnavailableError(
-                    f"{ep.base} request failed: {type(exc).__name__}"), mark_down=False) from None
+                    aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as e:
+                raise _TryNext(EngineUnavailableError(
+                    f"{server.url} unreachable: {type(e).__name__}: "
+                    f"{self._redact(str(e))[:200]}"), mark_down=True) from None
+            except aiohttp.ClientError as e:
+                raise _TryNext(EngineUnavailableError(
+                    f"{server.url} request failed: {type(e).__name__}"), mark_down=False) from None
             except asyncio.TimeoutError:
                 raise DeadlineExceededError(
-                    f"{ep.base} sent no response within "
-                    f"{min(cfg.first_token_timeout_s, cfg.request_timeout_s):.1f}s "
-                    "(first_token_timeout_s / request_timeout_s)"
-                ) from None
-            active.response = resp
-            if active.cancelled:
-                yield Chunk(finish_reason=FinishReason.CANCELLED,
-                            elapsed_s=time.monotonic() - t0)
-                return
-            if resp.status != 200:
-                try:
-                    text = await _within(_read_capped(resp, _ERROR_BODY_BYTES),
-                                         cfg.read_timeout_s)
-                except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
-                    text = ""
-                error = self._status_error(resp.status, text, ep)
-                if resp.status >= 500 or resp.status in (401, 403, 404, 429):
-                    raise _Failover(error, mark_down=resp.status in (502, 503, 504))
-                raise error
+                    f"{server.url} sent no response within first_token_timeout_s="
+                    f"{self._config.first_token_timeout_s}") from None
+            if resp is _ABORTED or resp.status == 200:
+                return resp
+            try:
+                text = await _step(_read_capped(resp, _ERROR_BODY_BYTES), asyncio.Event(),
+                                   self._config.read_timeout_s)
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+                text = ""
+            finally:
+                resp.close()
+            status, error = resp.status, self._status_error(resp.status, text, server)
+            delay = random.uniform(0.5, 1.0) * min(_RETRY_CAP_S, _RETRY_BASE_S * 2 ** attempt)
+            with contextlib.suppress(KeyError, TypeError, ValueError):  # the server's hint
+                delay = max(delay, min(_RETRY_CAP_S, float(resp.headers["Retry-After"])))
+            if status in _BUSY_STATUSES and attempt < self._config.busy_retries \
+                    and time.monotonic() + delay < first_deadline:
+                _LOG.debug("server busy, retrying: url=%s status=%d delay_s=%.2f",
+                           server.url, status, delay)
+                if await _step(asyncio.sleep(delay), flight.aborted, delay + 1) is _ABORTED:
+                    return _ABORTED
+                continue
+            if status >= 500 or status in (401, 403, 404, 429):
+                raise _TryNext(error, mark_down=status in (502, 503, 504))
+            raise error
+        raise AssertionError("unreachable")  # the last attempt returns or raises
 
-            parser = SSEParser()
-            bound = _OutputBound(max_tokens)
-            overran = ""  # what passed the bound; "" while within it
-            finish: FinishReason | None = None
-            usage: dict[str, Any] | None = None
-            in_reasoning = False
-            inline = cfg.reasoning_output == "inline"
-            done = False
-            while not done and not overran:
-                now = time.monotonic()
-                if now >= deadline:
-                    raise DeadlineExceededError(
-                        f"request ran past request_timeout_s={cfg.request_timeout_s} "
-                        f"on {ep.base}")
-                if not delivered and finish is None:
-                    wait = first_deadline - now
-                    if wait <= 0:
-                        raise DeadlineExceededError(
-                            f"{ep.base} produced no token within first_token_timeout_s="
-                            f"{cfg.first_token_timeout_s}")
-                else:
-                    wait = min(cfg.read_timeout_s, deadline - now)
-                try:
-                    raw = await _within(resp.content.readany(), wait)
-                except asyncio.TimeoutError:
-                    if active.cancelled:
+    async def _attempt(self, server: _Server, fields: _Fields, request: ChatRequest,
+                       request_id: str, flight: _InFlight, t0: float) -> AsyncIterator[Chunk]:
+        """One URL: open the stream and pass its chunks on; ``_TryNext`` only before the first."""
+        cfg = self._config
+        deadline = t0 + cfg.request_timeout_s
+        first_deadline = min(deadline, time.monotonic() + cfg.first_token_timeout_s)
+        try:
+            await self._check_model(server)
+        except CosmosReasonError as e:
+            raise _TryNext(e, mark_down=False) from None
+        resp = await self._open(server, fields, request, request_id, flight, first_deadline)
+        if resp is _ABORTED:
+            yield Chunk(finish_reason=FinishReason.CANCELLED, elapsed_s=time.monotonic() - t0)
+            return
+        deltas = _Deltas(request.sampling.max_tokens, cfg.reasoning_output == "inline")
+
+        def too_slow() -> tuple[float, CosmosReasonError]:
+            """When the stream is due to end, and the error it then ends with."""
+            if not deltas.started:
+                return first_deadline, DeadlineExceededError(
+                    f"{server.url} produced no token within first_token_timeout_s="
+                    f"{cfg.first_token_timeout_s}")
+            if deadline <= deltas.last_event + cfg.read_timeout_s:
+                return deadline, DeadlineExceededError(
+                    f"request ran past request_timeout_s={cfg.request_timeout_s} on {server.url}")
+            return deltas.last_event + cfg.read_timeout_s, EngineUnavailableError(
+                f"{server.url} stalled: no data for read_timeout_s={cfg.read_timeout_s}")
+
+        flight.watch(resp.close, too_slow)
+        parser, bytes_read, done = SSEParser(), 0, False
+        try:
+            try:
+                while not done and not deltas.overran:
+                    raw = await resp.content.readany()
+                    if not raw:
+                        break  # the end of the body
+                    bytes_read += len(raw)
+                    if bytes_read > deltas.bound.max_bytes:
+                        deltas.overran = f"more than {deltas.bound.max_bytes} bytes"
                         break
-                    if time.monotonic() >= deadline:
-                        continue  # reported as a deadline above
-                    if not delivered and finish is None:
-                        continue  # reported as first-token timeout above
-                    raise EngineUnavailableError(
-                        f"{ep.base} stalled: no data for read_timeout_s={cfg.read_timeout_s}"
-                    ) from None
-                except (aiohttp.ClientError, OSError) as exc:
-                    if active.cancelled:
-                        break
-                    error = EngineUnavailableError(
-                        f"{ep.base} connection lost mid-stream: {type(exc).__name__}")
-                    if not delivered and finish is None:
-                        raise _Failover(error, mark_down=True) from None
-                    self._set_state(ep, False, error.message)
+                    started = deltas.started
+                    for data in parser.feed(raw):
+                        if data.strip() == "[DONE]":
+                            done = True
+                            break
+                        try:
+                            event = json.loads(data)
+                        except ValueError:
+                            continue  # a comment-like line some proxies send
+                        if isinstance(event, dict) and "error" in event:
+                            raise self._stream_error(event, server, deltas.started)
+                        for chunk in deltas.add(event, t0):
+                            yield chunk
+                        if deltas.overran:
+                            break
+                    if not started and deltas.started:
+                        flight.recheck()  # from now on silence counts, not the first token
+            except (aiohttp.ClientError, OSError) as e:
+                if not flight.aborted.is_set() and flight.expired is None:
+                    error = EngineUnavailableError(f"{server.url} connection lost mid-stream: "
+                                                   f"{type(e).__name__}")
+                    if not deltas.started:
+                        raise _TryNext(error, mark_down=True) from None
+                    # Not marked down: behind a router, one backend failing mid-stream says
+                    # nothing of the router; the health probe decides.
                     raise error from None
-                if not raw:  # EOF
-                    if active.cancelled or finish is not None:
-                        break
-                    error = EngineUnavailableError(
-                        f"{ep.base} closed the stream before the end (server gone?)")
-                    if not delivered:
-                        raise _Failover(error, mark_down=True)
-                    self._set_state(ep, False, error.message)
-                    raise error
-                bound.bytes_read += len(raw)
-                for data in parser.feed(raw):
-                    if data.strip() == "[DONE]":
-                        done = True
-                        break
-                    try:
-                        event = json.loads(data)
-                    except ValueError:
-                        _LOG.debug("ignoring a non-JSON SSE event: endpoint=%s", ep.base)
-                        continue
-                    if not isinstance(event, dict):
-                        continue
-                    if "error" in event:
-                        err = event["error"] if isinstance(event["error"], dict) else {}
-                        code = err.get("code") if isinstance(err.get("code"), int) else 500
-                        error = self._status_error(code, json.dumps(event), ep)
-                        if not delivered and (code >= 500 or code == 429):
-                            raise _Failover(error, mark_down=False)
-                        if delivered and code >= 500:
-                            raise EngineUnavailableError(error.message)
-                        raise error
-                    if isinstance(event.get("usage"), dict):
-                        usage = event["usage"]
-                        with contextlib.suppress(TypeError, ValueError):
-                            bound.usage_tokens = max(bound.usage_tokens,
-                                                     int(usage.get("completion_tokens") or 0))
-                        if bound.usage_tokens > bound.limit:
-                            overran = f"usage.completion_tokens={bound.usage_tokens}"
-                            break
-                    for choice in event.get("choices") or ():
-                        delta = choice.get("delta") or {}
-                        reasoning = delta.get("reasoning") or delta.get("reasoning_content") or ""
-                        content = delta.get("content") or ""
-                        if reasoning or content:
-                            # Reasoning and answer share the request's max_tokens.
-                            if bound.deltas >= bound.limit:
-                                overran = f"more than {bound.limit} deltas"
-                                break
-                            room = bound.max_chars - bound.chars
-                            if len(reasoning) + len(content) > room:
-                                reasoning = reasoning[:room]
-                                content = content[: room - len(reasoning)]
-                                overran = f"more than {bound.max_chars} characters"
-                            if reasoning or content:
-                                bound.deltas += 1
-                                bound.chars += len(reasoning) + len(content)
-                        text = content
-                        reasoning_delta = ""
-                        if reasoning:
-                            if inline:
-                                text = ("" if in_reasoning else "<think>\n") + reasoning + text
-                            else:
-                                reasoning_delta = reasoning
-                            in_reasoning = True
-                        if content and in_reasoning and not reasoning:
-                            if inline:
-                                text = "\n</think>\n\n" + text
-                            in_reasoning = False
-                        if text or reasoning_delta:
-                            delivered = True
-                            yield Chunk(text_delta=text, reasoning_delta=reasoning_delta,
-                                        output_tokens=bound.deltas,
-                                        elapsed_s=time.monotonic() - t0)
-                        if overran:
-                            break
-                        reason = choice.get("finish_reason")
-                        if reason:
-                            finish = _FINISH.get(str(reason), FinishReason.ERROR)
-                    if overran:
-                        break
-                if not overran and bound.bytes_read > bound.max_bytes:
-                    overran = f"more than {bound.max_bytes} bytes"
-            if overran and not active.cancelled:
+            if flight.aborted.is_set():
+                yield Chunk(finish_reason=FinishReason.CANCELLED,
+                            output_tokens=deltas.bound.deltas, elapsed_s=time.monotonic() - t0)
+                return
+            if flight.expired is not None:
+                raise flight.expired
+            if deltas.overran:
                 # Close now, before the caller sees the end: the server aborts at once.
                 resp.close()
-                _LOG.warning("server overran max_tokens; stream closed: endpoint=%s "
-                             "request_id=%s max_tokens=%d read=%s tokens_at_least=%d",
-                             ep.base, request_id, max_tokens, overran, bound.tokens())
+                _LOG.warning("server overran max_tokens; stream closed: url=%s request_id=%s "
+                             "max_tokens=%d read=%s tokens_at_least=%d", server.url, request_id,
+                             request.sampling.max_tokens, deltas.overran, deltas.bound.tokens())
                 # An answer the server had already finished stays as it ended.
-                yield Chunk(finish_reason=finish or FinishReason.LENGTH,
-                            output_tokens=bound.tokens(), elapsed_s=time.monotonic() - t0)
+                yield Chunk(finish_reason=deltas.finish or FinishReason.LENGTH,
+                            output_tokens=deltas.bound.tokens(), elapsed_s=time.monotonic() - t0)
                 return
-            n_out = bound.deltas
-            if active.cancelled:
-                yield Chunk(finish_reason=FinishReason.CANCELLED, output_tokens=n_out,
-                            elapsed_s=time.monotonic() - t0)
-                return
-            if finish is None:
-                raise EngineUnavailableError(f"{ep.base} ended the stream without a finish "
-                                             "reason")
-            prompt_tokens = cached = None
-            if usage:
-                n_out = int(usage.get("completion_tokens") or n_out)
-                if usage.get("prompt_tokens") is not None:
-                    prompt_tokens = int(usage["prompt_tokens"])
-                details = usage.get("prompt_tokens_details")
-                if isinstance(details, dict) and details.get("cached_tokens") is not None:
-                    cached = int(details["cached_tokens"])
-            _LOG.debug("request done: request_id=%s endpoint=%s finish=%s tokens=%d "
-                       "seconds=%.3f", request_id, ep.base, finish.value, n_out,
-                       time.monotonic() - t0)
-            yield Chunk(finish_reason=finish, output_tokens=n_out, prompt_tokens=prompt_tokens,
-                        cached_prompt_tokens=cached, elapsed_s=time.monotonic() - t0)
+            if deltas.finish is None:
+                error = EngineUnavailableError(f"{server.url} closed the stream before the end "
+                                               "(server gone?)")
+                if not deltas.started:
+                    raise _TryNext(error, mark_down=True)
+                raise error
+            _LOG.debug("request done: request_id=%s url=%s finish=%s seconds=%.3f", request_id,
+                       server.url, deltas.finish.value, time.monotonic() - t0)
+            yield deltas.final(t0)
         finally:
             # Closing (not releasing) drops the connection, which makes vLLM abort the request
             # when the caller stops early (generator closed, task cancelled, abort()).
-            if resp is not None:
-                resp.close()
+            flight.unwatch()
+            resp.close()
+
+    def _stream_error(self, event: dict[str, Any], server: _Server,
+                      started: bool) -> Exception:
+        """Return the error that an error event inside a stream ends the request with."""
+        err = event["error"] if isinstance(event["error"], dict) else {}
+        code = err.get("code") if isinstance(err.get("code"), int) else 500
+        error = self._status_error(code, json.dumps(event), server)
+        if not started and (code >= 500 or code == 429):
+            return _TryNext(error, mark_down=False)
+        return EngineUnavailableError(error.message) if code >= 500 else error

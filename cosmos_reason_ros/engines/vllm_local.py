@@ -45,7 +45,7 @@ from cosmos_reason_ros.core.types import (
     Sampling,
     Video,
 )
-from cosmos_reason_ros.engines.base import Engine, EngineHealth, EngineState
+from cosmos_reason_ros.engines.base import Engine, EngineHealth, EngineState, output_token_limit
 
 _LOG = logging.getLogger(__name__)
 
@@ -414,7 +414,7 @@ class VllmLocalEngine(Engine):
         gen = engine.generate(prompt, params, request.request_id, priority=priority, **extra)
         finished = False
         output_tokens = 0
-        token_limit = _output_token_limit(request.sampling.max_tokens)
+        token_limit = output_token_limit(request.sampling.max_tokens)
         prompt_tokens: int | None = None
         cached_tokens: int | None = None
         try:
@@ -758,16 +758,6 @@ def _prompt_too_long(message: str) -> str | None:
     if "maximum model length" in message or "maximum context length" in message:
         return "too many"
     return None
-
-
-def _output_token_limit(max_tokens: int) -> int:
-    """Return the most output tokens a request may bring: ``max_tokens`` plus 8 or 10 %.
-
-    The same rule as ``openai_http.output_token_limit`` (not imported: that module needs
-    aiohttp, which an in-process deployment need not have).
-    """
-    asked = max(1, int(max_tokens))
-    return asked + max(8, -(-asked // 10))
 
 
 def _finish_reason(reason: str | None, rid: str) -> FinishReason:

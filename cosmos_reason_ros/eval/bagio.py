@@ -412,8 +412,68 @@ def truth_at(truth: Mapping[int, T], stamp_ns: int, tolerance_ns: int = 20_000_0
 # --- writing results ---------------------------------------------------------------------------
 
 
+# Results bags are written in the rosbag2 format Humble records (metadata version 5) so that
+# every supported distro reads them: Humble's rosbag2 (0.15.x) reads a topic's
+# offered_qos_profiles as one YAML string, and fails ("yaml-cpp: bad conversion") on version
+# 9's list form (ros2/rosbag2#2013, #1895); Iron and later read version 5 (backward compatible).
+HUMBLE_METADATA_VERSION = 5
+# The keys of a version-5 metadata.yaml (Humble's rosbag2_storage/yaml.hpp); later versions add
+# custom_data, ros_distro and, per topic, type_description_hash.
+_V5_KEYS = ("version", "storage_identifier", "duration", "starting_time", "message_count",
+            "topics_with_message_count", "compression_format", "compression_mode",
+            "relative_file_paths", "files")
+_V5_TOPIC_KEYS = ("name", "type", "serialization_format", "offered_qos_profiles")
+
+
+def _results_qos() -> Any:
+    """Return the QoS of the node's ``~/results`` publisher (reliable, volatile, keep last 256).
+
+    Stored in the bag as Humble's recorder stores a publisher's QoS, so ``ros2 bag play``
+    republishes with it instead of guessing.
+    """
+    from rosbags.interfaces import (
+        Qos,
+        QosDurability,
+        QosHistory,
+        QosLiveliness,
+        QosReliability,
+        QosTime,
+    )
+
+    default = QosTime(0, 0)  # RMW_DURATION_UNSPECIFIED: the middleware's default
+    depth = 256  # ros/outputs.py RESULTS_QUEUE_DEPTH (not imported: bag I/O needs no rclpy)
+    return Qos(QosHistory.KEEP_LAST, depth, QosReliability.RELIABLE, QosDurability.VOLATILE,
+               default, default, QosLiveliness.AUTOMATIC, default, False)
+
+
+def to_humble_metadata(path: str | Path) -> None:
+    """Rewrite a bag's metadata.yaml (written as version 8) as version 5, Humble's format."""
+    import yaml
+
+    meta_path = Path(path) / "metadata.yaml"
+    doc = yaml.safe_load(meta_path.read_text(encoding="utf-8"))
+    info = doc["rosbag2_bagfile_information"]
+    if info.get("version") != 8:
+        raise BagError(f"{meta_path}: expected metadata version 8 to convert, found "
+                       f"{info.get('version')!r}")
+    out = {k: info[k] for k in _V5_KEYS if k in info}
+    out["version"] = HUMBLE_METADATA_VERSION
+    out["topics_with_message_count"] = [
+        {"topic_metadata": {k: t["topic_metadata"][k] for k in _V5_TOPIC_KEYS},
+         "message_count": t["message_count"]}
+        for t in info["topics_with_message_count"]]
+    tmp = meta_path.with_suffix(".yaml.tmp")
+    tmp.write_text(yaml.safe_dump({"rosbag2_bagfile_information": out}, sort_keys=False),
+                   encoding="utf-8")
+    os.replace(tmp, meta_path)
+
+
 class ResultsBagWriter:
-    """Writes ``ReasoningResult`` messages (from their plain form) to a new rosbag2 bag."""
+    """Writes ``ReasoningResult`` messages (from their plain form) to a new rosbag2 bag.
+
+    The bag is what Humble's rosbag2 reads (``HUMBLE_METADATA_VERSION``); sqlite3 is Humble's
+    default storage, mcap needs its ``ros-humble-rosbag2-storage-mcap`` package.
+    """
 
     def __init__(self, path: str | Path, storage: str = "mcap",
                  topic: str = "/cosmos_reason/results") -> None:
@@ -425,9 +485,13 @@ class ResultsBagWriter:
         if Path(path).exists():
             raise BagError(f"results bag {str(path)!r} already exists")
         plugin = StoragePlugin.MCAP if storage == "mcap" else StoragePlugin.SQLITE3
-        self._writer = Writer(Path(path), version=9, storage_plugin=plugin)
+        self.path = Path(path)
+        # rosbags writes versions 8 and 9 only; 8 stores QoS as Humble does (a YAML string),
+        # and close() rewrites its metadata.yaml as version 5.
+        self._writer = Writer(self.path, version=8, storage_plugin=plugin)
         self._writer.open()
-        self._conn = self._writer.add_connection(topic, RESULT_TYPE, typestore=typestore())
+        self._conn = self._writer.add_connection(topic, RESULT_TYPE, typestore=typestore(),
+                                                 offered_qos_profiles=[_results_qos()])
         self.count = 0
 
     def write(self, cdr: bytes, t_ns: int) -> None:
@@ -436,8 +500,9 @@ class ResultsBagWriter:
         self.count += 1
 
     def close(self) -> None:
-        """Finish the bag (writes metadata.yaml)."""
+        """Finish the bag (writes metadata.yaml, in Humble's version 5)."""
         self._writer.close()
+        to_humble_metadata(self.path)
 
     def __enter__(self) -> ResultsBagWriter:
         """Context manager: close on exit."""

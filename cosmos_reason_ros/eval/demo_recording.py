@@ -16,6 +16,10 @@ frame and with the same header stamp:
 - ``/camera/aligned_depth_to_color/image_raw`` (``sensor_msgs/Image``, 16UC1 millimetres by
   default, as a RealSense publishes depth aligned to colour): depth registered to the colour
   image (same size, ``frame_id`` and stamps), rendered from the scene's 3D layout,
+- ``/wrist/image_raw/compressed`` (``sensor_msgs/CompressedImage``, JPEG, ``frame_id``
+  ``wrist_camera``): a second, smaller camera -- a wrist-style close view of the same scene
+  (the table's middle, ``WRIST_CROP`` of the frame, at half the colour size), compressed
+  only, as USB wrist cameras often publish, for multi-camera questions,
 - ``/ground_truth`` (``std_msgs/String``: JSON ``{"stamp_ns", "frame_id", "objects":
   [{"label", "box": [x_min, y_min, x_max, y_max], "center_3d": [x, y, z], "size_3d":
   [w, h, d]}]}``), which replay scenarios score ``box_iou`` (pixels) and ``position_error``
@@ -56,7 +60,7 @@ import numpy as np
 from cosmos_reason_ros.core.rgbd import DEPTH_ENCODINGS, CameraModel
 from cosmos_reason_ros.eval import bagio
 
-GENERATOR_VERSION = 2  # 2: depth stream and 3D ground truth
+GENERATOR_VERSION = 3  # 2: depth stream and 3D ground truth; 3: the wrist camera
 START_NS = 1_700_000_000 * 1_000_000_000  # fixed: the same parameters give the same bag
 FRAME_ID = "demo_camera"
 IMAGE_TOPIC = "/camera/image_raw"
@@ -64,6 +68,11 @@ COMPRESSED_TOPIC = "/camera/image_raw/compressed"
 CAMERA_INFO_TOPIC = "/camera/camera_info"
 DEPTH_TOPIC = "/camera/aligned_depth_to_color/image_raw"
 GROUND_TRUTH_TOPIC = "/ground_truth"
+WRIST_TOPIC = "/wrist/image_raw/compressed"
+WRIST_FRAME_ID = "wrist_camera"
+# The wrist view: this part of the scene (x0, y0, x1, y1 as fractions of the frame), around
+# the middle object and the table in front of it, rendered at half the colour size.
+WRIST_CROP = (0.3, 0.45, 0.7, 0.85)
 # label, RGB colour, shape, base x (fraction of width), speed (rad/s), sway (fraction of width)
 OBJECTS = (
     ("red box", (205, 45, 40), "box", 0.22, 0.9, 0.07),
@@ -100,6 +109,7 @@ class RecordingParams:
     depth_divisor: int = 1
     depth_frame_id: str = ""  # empty: the colour frame_id (registered depth)
     depth_delay_s: float = 0.0
+    wrist: bool = True  # the second, smaller camera (WRIST_TOPIC)
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the parameter when a value is out of range."""
@@ -253,6 +263,25 @@ def render_scene(t: float, width: int = 640, height: int = 480, seed: int = 0,
     return scene.rgb, scene.boxes
 
 
+def wrist_view(rgb: np.ndarray) -> np.ndarray:
+    """Return the wrist camera's image of a colour frame: ``WRIST_CROP`` at half its size."""
+    height, width = rgb.shape[:2]
+    x0, y0, x1, y1 = (int(round(f * n)) for f, n in zip(WRIST_CROP, (width, height, width,
+                                                                     height), strict=True))
+    return cv2.resize(rgb[y0:y1, x0:x1], (max(16, width // 2), max(16, height // 2)),
+                      interpolation=cv2.INTER_AREA)
+
+
+def _jpeg(types: Any, rgb: np.ndarray, header: Any, quality: int) -> Any:
+    """Return a ``CompressedImage`` (JPEG) of ``rgb`` with ``header``."""
+    ok, jpeg = cv2.imencode(".jpg", cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR),
+                            [cv2.IMWRITE_JPEG_QUALITY, quality])
+    if not ok:
+        raise RuntimeError("JPEG encoding failed")
+    return types[bagio.COMPRESSED_TYPE](header=header, format="rgb8; jpeg compressed bgr8",
+                                        data=jpeg.reshape(-1))
+
+
 def camera_info(params: RecordingParams) -> dict:
     """Return a pinhole camera with a ~62 degree horizontal field of view (plain form)."""
     f = params.width / (2 * np.tan(np.radians(31)))
@@ -356,6 +385,8 @@ def write_recording(path: str | Path, params: RecordingParams = RecordingParams(
               (CAMERA_INFO_TOPIC, bagio.CAMERA_INFO_TYPE), (GROUND_TRUTH_TOPIC, bagio.STRING_TYPE)]
     if params.depth:
         topics.append((DEPTH_TOPIC, bagio.IMAGE_TYPE))
+    if params.wrist:
+        topics.append((WRIST_TOPIC, bagio.COMPRESSED_TYPE))
     delay_ns = int(round(params.depth_delay_s * 1e9))
     with Writer(path, version=9, storage_plugin=plugin) as writer:
         conns = {topic: writer.add_connection(topic, msgtype, typestore=store)
@@ -372,12 +403,7 @@ def write_recording(path: str | Path, params: RecordingParams = RecordingParams(
             image = types[bagio.IMAGE_TYPE](
                 header=header, height=params.height, width=params.width, encoding="rgb8",
                 is_bigendian=0, step=params.width * 3, data=rgb.reshape(-1))
-            ok, jpeg = cv2.imencode(".jpg", cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR),
-                                    [cv2.IMWRITE_JPEG_QUALITY, params.jpeg_quality])
-            if not ok:
-                raise RuntimeError("JPEG encoding failed")
-            compressed = types[bagio.COMPRESSED_TYPE](header=header, format="rgb8; jpeg "
-                                                      "compressed bgr8", data=jpeg.reshape(-1))
+            compressed = _jpeg(types, rgb, header, params.jpeg_quality)
             cam = bagio.from_plain(bagio.CAMERA_INFO_TYPE, {**info, "header": {
                 "stamp": {"sec": header.stamp.sec, "nanosec": header.stamp.nanosec},
                 "frame_id": FRAME_ID}}, store)
@@ -394,6 +420,11 @@ def write_recording(path: str | Path, params: RecordingParams = RecordingParams(
                     (GROUND_TRUTH_TOPIC, types[bagio.STRING_TYPE](data=json.dumps(gt)),
                      bagio.STRING_TYPE)):
                 writer.write(conns[topic], stamp_ns, store.serialize_cdr(msg, msgtype))
+            if params.wrist:  # taken at the same time as the colour frame (same stamp)
+                wrist = _jpeg(types, wrist_view(rgb), _header(types, stamp_ns, WRIST_FRAME_ID),
+                              params.jpeg_quality)
+                writer.write(conns[WRIST_TOPIC], stamp_ns,
+                             store.serialize_cdr(wrist, bagio.COMPRESSED_TYPE))
             if params.depth:
                 d = params.depth_divisor
                 depth_m = render_depth(scene, camera, d)
@@ -461,13 +492,15 @@ def main(argv: list[str] | None = None) -> int:
                     help="depth frame_id (default: the colour frame's; another is unregistered)")
     ap.add_argument("--depth-delay", type=float, default=0.0,
                     help="seconds between a depth frame's stamp and its bag time (late depth)")
+    ap.add_argument("--no-wrist", action="store_true", help="leave the wrist camera out")
     ap.add_argument("--force", action="store_true", help="replace an existing directory")
     args = ap.parse_args(argv)
     params = RecordingParams(
         width=args.size[0], height=args.size[1], fps=args.fps, duration_s=args.duration,
         storage=args.storage, seed=args.seed, depth=not args.no_depth,
         depth_encoding=args.depth_encoding, depth_divisor=args.depth_divisor,
-        depth_frame_id=args.depth_frame_id, depth_delay_s=args.depth_delay)
+        depth_frame_id=args.depth_frame_id, depth_delay_s=args.depth_delay,
+        wrist=not args.no_wrist)
     try:
         params.validate()
         if args.force and args.out.exists():

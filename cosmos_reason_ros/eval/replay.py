@@ -8,6 +8,9 @@
     replay BAG --scenario S.yaml --out DIR --mode offline --preset cpu_demo --model /models/m
     # offline with 3D: the bag's registered depth + CameraInfo lift answers as the node would
     replay BAG --scenario S.yaml --out DIR --mode offline --model M --param depth.enabled:=true
+    # several cameras: the bag's topics named as the node's cameras (the default one first)
+    replay BAG --scenario S.yaml --out DIR --camera front=/camera/image_raw \
+        --camera wrist=/wrist/image_raw/compressed
 
 Node mode publishes the bag's messages (sqlite3 or mcap, read with ``rosbags``) under their
 recorded topic names (``--remap FROM:=TO`` to rename) with ``/clock`` following the bag time,
@@ -28,6 +31,14 @@ also use depth that arrived meanwhile; offline results do not depend on the engi
 Through the node, start the node with depth on and its ``depth/image`` and ``camera_info``
 remapped to the bag's topics (``tools/demo.py`` does).
 
+Several cameras (``--camera NAME=TOPIC``, repeatable, or the scenario's ``cameras``; the
+first is the default camera) map the bag's image topics to camera names, and queries name
+the cameras they ask about (``cameras: [front, wrist]``). Offline, the preset gets
+``cameras.names`` from them and each camera's frames fill its own history, as in the node.
+Through the node, start it with the same ``cameras.names`` and each camera's topics remapped
+to the bag's (``-r front/image:=/camera/image_raw -r
+wrist/image/compressed:=/wrist/image_raw/compressed``).
+
 Outputs in ``--out``: ``results.jsonl`` (one line per query: the ``ReasoningResult`` in plain
 form, the status and the scores), ``results_bag/`` (the same ``ReasoningResult`` messages,
 readable by ``ros2 bag`` and ``rosbags``), ``report.html`` with ``latency.png`` and annotated
@@ -39,6 +50,7 @@ argument, 3 when the node or engine cannot be reached.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import json
 import logging
@@ -53,6 +65,7 @@ from pathlib import Path
 from typing import Any
 
 from cosmos_reason_ros.core.answer3d import Answer3D, DepthLifter, LiftCode
+from cosmos_reason_ros.core.cameras import DEFAULT_CAMERA, camera_name_problem
 from cosmos_reason_ros.core.lifting import Lifted
 from cosmos_reason_ros.core.rgbd import CameraModel
 from cosmos_reason_ros.core.types import CosmosReasonError, ErrorCode, FinishReason
@@ -104,6 +117,9 @@ class ReplayConfig:
     params: dict[str, Any] = field(default_factory=dict)  # offline: overrides the preset's
     depth_topic: str = ""  # offline with depth: the bag's depth topic (default: the only one)
     camera_info_topic: str = ""  # offline with depth: default the bag's only CameraInfo topic
+    # Camera name -> the bag's image topic, the default camera first (--camera; default: the
+    # scenario's cameras); empty: one camera on image_topic.
+    cameras: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -261,14 +277,14 @@ def run_through_node(cfg: ReplayConfig, scenario: Scenario, schedule: tuple[Sche
             raise ReplayError(f"no action server /{cfg.node_name}/reason within "
                               f"{cfg.connect_timeout_s:g} s: is the node running (with "
                               f"use_sim_time:=true)? set --node-name if it has another name")
-        camera = publishers[image_topic]
         deadline = time.monotonic() + cfg.connect_timeout_s
-        while camera.get_subscription_count() == 0:
-            if time.monotonic() > deadline:
-                raise ReplayError(f"nobody subscribes to {camera.topic_name} (the bag's "
-                                  f"{image_topic}): remap the node's camera topic to it, or "
-                                  f"--remap {image_topic}:=/image")
-            time.sleep(0.05)  # DDS discovery; bounded above
+        for name, topic in (cfg.cameras or {"": image_topic}).items():
+            camera = publishers[topic]
+            while camera.get_subscription_count() == 0:
+                if time.monotonic() > deadline:
+                    raise ReplayError(_no_subscriber(camera.topic_name, topic, name,
+                                                     info.topics[topic]))
+                time.sleep(0.05)  # DDS discovery; bounded above
         _NodePlayer(cfg, schedule, info, image_topic, recorder, tick, client, publishers,
                     clock_pub, Clock).play()
     finally:
@@ -276,6 +292,16 @@ def run_through_node(cfg: ReplayConfig, scenario: Scenario, schedule: tuple[Sche
             client.close()
         node.destroy_node()
         rclpy.try_shutdown(context=context)
+
+
+def _no_subscriber(published: str, topic: str, camera: str, msgtype: str) -> str:
+    """Say which remap makes the node take the bag's ``topic`` (as camera ``camera``)."""
+    if not camera:
+        return (f"nobody subscribes to {published} (the bag's {topic}): remap the node's "
+                f"camera topic to it, or --remap {topic}:=/image")
+    own = f"{camera}/image/compressed" if msgtype == bagio.COMPRESSED_TYPE else f"{camera}/image"
+    return (f"nobody subscribes to {published} (the bag's {topic}, camera {camera}): start the "
+            f"node with {camera} in cameras.names and -r {own}:={published}")
 
 
 class _NodePlayer:
@@ -359,7 +385,7 @@ class _NodePlayer:
             clip_duration_s=g.clip_duration_s, clip_fps=g.clip_fps, max_tokens=g.max_tokens,
             temperature=g.temperature, greedy=g.greedy, response_schema=g.response_schema,
             max_image_age_s=g.max_image_age_s, wait_for_image_s=g.wait_for_image_s,
-            timeout_s=g.timeout_s)
+            timeout_s=g.timeout_s, cameras=g.cameras)
         stage = threading.Event()
 
         def on_feedback(fb: Any) -> None:
@@ -447,11 +473,18 @@ class OfflineRunner:
             validate,
         )
 
+        self.cfg = cfg
         try:
             values = load_yaml_params(str(_preset_path(cfg.preset)))
             values.update(cfg.params)
             if cfg.model:
                 values["engine.model"] = cfg.model
+            if cfg.cameras:  # the node would run with these cameras, in this order
+                names = list(values.get("cameras.names") or cfg.cameras)
+                if names != list(cfg.cameras):
+                    raise ConfigError(f"cameras.names={names!r} differs from the cameras "
+                                      f"mapped to the bag's topics ({', '.join(cfg.cameras)})")
+                values["cameras.names"] = names
             p = self.params = validate(values)
             self.profile = detect_profile(p.engine.model or "unknown",
                                           None if p.model.family == "auto"
@@ -494,27 +527,36 @@ class OfflineRunner:
 
         p = self.params
         now = [info.start_ns]
-        history: FrameHistory[tuple[bool, bytes]] = FrameHistory(
-            max_frames=p.image.history_frames, max_bytes=int(p.image.history_mb * 2**20),
-            clock=lambda: now[0])
+        # One history per camera (the node's cameras.names, mapped to the bag's topics), the
+        # default camera first; without named cameras the one camera on image_topic.
+        camera_topics = dict(self.cfg.cameras) or {DEFAULT_CAMERA: image_topic}
+        histories: dict[str, FrameHistory[tuple[bool, bytes]]] = {
+            name: FrameHistory(max_frames=p.image.history_frames,
+                               max_bytes=int(p.image.history_mb * 2**20), clock=lambda: now[0])
+            for name in camera_topics}
+        by_topic = {topic: histories[name] for name, topic in camera_topics.items()}
         settings = Settings.from_params(p, self.profile)
         depth_history: FrameHistory[tuple[bool, bytes]] | None = None
         camera = _CameraInfoReader(p.depth.rectified)
         lifter = None
-        topics = [image_topic]
+        topics = list(by_topic)
         depth_topic = ""
         if self.depth_topics is not None and settings.depth is not None:
             depth_topic = self.depth_topics[0]
-            if image_topic in self.depth_topics:
-                raise ReplayError(f"the image topic {image_topic} is also the depth or "
+            clash = sorted(set(topics) & set(self.depth_topics))
+            if clash:
+                raise ReplayError(f"the image topic {clash[0]} is also the depth or "
                                   f"camera_info topic", EXIT_BAD_INPUT)
             depth_history = FrameHistory(max_frames=p.depth.history_frames,
                                          clock=lambda: now[0])
             lifter = DepthLifter(settings.depth, depth_history, read_stored_frame,
                                  camera.model)
             topics += list(self.depth_topics)
-        self.pipeline = GoalPipeline(settings, self.runner, history, read_stored_frame,
-                                     lambda: now[0], source_name=image_topic, lifter=lifter)
+        default = next(iter(camera_topics))
+        self.pipeline = GoalPipeline.for_cameras(
+            settings, self.runner, histories, read_stored_frame, lambda: now[0],
+            max_skew_s=p.cameras.max_skew_s, lifter=lifter,
+            source_name=f"{default} ({image_topic})" if self.cfg.cameras else image_topic)
         stream: Iterator[tuple[str, str, int, bytes]] = bagio.messages(info.path, topics)
         ahead = next(stream, None)
 
@@ -524,10 +566,10 @@ class OfflineRunner:
             assert ahead is not None
             topic, msgtype, t_recv, data = ahead
             ahead = next(stream, None)
-            if topic == image_topic:
-                history.append((msgtype == bagio.COMPRESSED_TYPE, data),
-                               header_stamp_ns(data) or t_recv, nbytes=len(data),
-                               received_ns=t_recv)
+            if topic in by_topic:
+                by_topic[topic].append((msgtype == bagio.COMPRESSED_TYPE, data),
+                                       header_stamp_ns(data) or t_recv, nbytes=len(data),
+                                       received_ns=t_recv)
             elif topic == depth_topic and depth_history is not None:
                 depth_history.append((False, data), header_stamp_ns(data) or t_recv,
                                      nbytes=len(data), received_ns=t_recv)
@@ -541,13 +583,15 @@ class OfflineRunner:
             while ahead is not None and ahead[2] <= t_ns:
                 store()
             if item.query.goal.source == "next":
-                # The colour frame that arrives after the goal, and whatever arrived with it.
-                while ahead is not None:
+                # The colour frame of each of the goal's cameras that arrives after the goal,
+                # and whatever arrived with the last of them.
+                waiting = {camera_topics[c] for c in item.query.goal.cameras or (default,)}
+                while ahead is not None and waiting:
                     topic, t_recv = store()
-                    if topic == image_topic:
+                    waiting.discard(topic)
+                    if not waiting:
                         while ahead is not None and ahead[2] <= t_recv:
                             store()
-                        break
             status, plain = self.answer(item, t_ns)
             recorder.add(item, status, plain)
             tick()
@@ -564,7 +608,8 @@ class OfflineRunner:
             # Offline nothing arrives later: a 'next' frame is stored before asking.
             wait_for_image_s=g.wait_for_image_s or 0.001, clip_duration_s=g.clip_duration_s,
             clip_fps=g.clip_fps, response_schema=g.response_schema, max_tokens=g.max_tokens,
-            temperature=g.temperature, greedy=g.greedy, timeout_s=g.timeout_s)
+            temperature=g.temperature, greedy=g.greedy, timeout_s=g.timeout_s,
+            cameras=g.cameras)
         header: dict[str, Any] = {}
         try:
             valid = self.pipeline.validate(fields)
@@ -582,11 +627,21 @@ class OfflineRunner:
         plain = outcome_plain(run.outcome, run.media.prepared.geometry, run.media.stamps_ns,
                               run.media.clip_start_ns, run.answer3d)
         plain.update(header=header, goal_id=uuid.uuid4().hex, origin="goal",
+                     camera_frames=[_camera_frame_plain(c) for c in run.media.cameras],
                      model=self.runner.model_name, task=valid.spec.task.value, prompt=g.prompt,
                      preprocess_s=run.preprocess_s,
                      time_to_first_token_s=run.time_to_first_token_s,
                      total_s=time.monotonic() - t0)
         return "succeeded", plain
+
+
+def _camera_frame_plain(camera: Any) -> dict[str, Any]:
+    """Return a ``CameraFrame`` in plain form, as ``ros/messages.camera_frame`` fills it."""
+    g = camera.geometry
+    return {"camera": camera.camera, "header": {"stamp": _stamp_plain(camera.header_stamp_ns),
+                                                "frame_id": camera.frame_id},
+            "image_width": g.original_width, "image_height": g.original_height,
+            "input_width": g.input_width, "input_height": g.input_height}
 
 
 class _CameraInfoReader:
@@ -647,19 +702,21 @@ def outcome_plain(outcome: Any, geometry: Any, stamps_ns: list[int],
     parsed = outcome.parsed
 
     def point(pt: Any) -> dict[str, Any]:
-        return {"label": pt.label, "x": float(pt.x), "y": float(pt.y)}
+        return {"label": pt.label, "camera": pt.camera, "x": float(pt.x), "y": float(pt.y)}
 
     start = clip_start_ns or 0
     plain = {
         "frame_stamps": [_stamp_plain(s) for s in stamps_ns],
         "raw_text": parsed.raw_text, "reasoning": parsed.reasoning, "answer": parsed.answer,
         "answer_json": parsed.answer_json or "",
-        "boxes": [{"label": b.label, "score": None if b.score is None else float(b.score),
+        "boxes": [{"label": b.label, "camera": b.camera,
+                   "score": None if b.score is None else float(b.score),
                    "x_min": float(b.x_min), "y_min": float(b.y_min), "x_max": float(b.x_max),
                    "y_max": float(b.y_max), "degenerate": bool(b.degenerate)}
                   for b in outcome.boxes],
         "points": [point(pt) for pt in outcome.points],
-        "trajectories": [{"label": t.label, "points": [point(pt) for pt in t.points]}
+        "trajectories": [{"label": t.label, "camera": t.camera,
+                          "points": [point(pt) for pt in t.points]}
                          for t in outcome.trajectories],
         "spans": [{"start_s": float(s.start_s), "end_s": float(s.end_s), "caption": s.caption,
                    "start_stamp": _stamp_plain(start + s.start_s * NS),
@@ -696,19 +753,26 @@ def _plain_3d(plain: dict[str, Any], answer: Answer3D) -> None:
 
 def write_frames(cfg: ReplayConfig, info: bagio.BagInfo, image_topic: str,
                  records: list[dict[str, Any]]) -> dict[int, str]:
-    """Second pass over the bag: draw each answered query's frame (bounded count)."""
-    wanted: dict[int, list[int]] = {}
+    """Second pass over the bag: draw each answered query's frame (bounded count).
+
+    The frame drawn is the result header's: the first camera's of a multi-camera goal (its
+    topic from ``cfg.cameras``), with that camera's items (``report.annotate_frame``).
+    """
+    wanted: dict[tuple[str, int], list[int]] = {}
     for i, r in enumerate(records):
         stamp = _plain_ns(r["result"]["header"].get("stamp"))
+        frames = r["result"].get("camera_frames") or []
+        topic = cfg.cameras.get(frames[0]["camera"], image_topic) if frames else image_topic
         if stamp and len(wanted) < cfg.report_frames:
-            wanted.setdefault(stamp, []).append(i)
+            wanted.setdefault((topic, stamp), []).append(i)
     store = bagio.typestore()
     written: dict[int, str] = {}
-    for _topic, msgtype, _t, data in bagio.messages(info.path, [image_topic]):
+    topics = sorted({topic for topic, _stamp in wanted})
+    for topic, msgtype, _t, data in bagio.messages(info.path, topics):
         if len(written) == sum(len(v) for v in wanted.values()):
             break
         msg = store.deserialize_cdr(data, msgtype)
-        for i in wanted.get(bagio.header_stamp_ns(msg), ()):
+        for i in wanted.get((topic, bagio.header_stamp_ns(msg)), ()):
             try:
                 rgb = bagio.decode_image(msg, msgtype)
                 written[i] = report.write_frame(cfg.out, i, records[i], rgb)
@@ -725,7 +789,9 @@ def run_replay(cfg: ReplayConfig, engine: Any = None) -> ReplayRun:
     try:
         scenario = load_scenario(cfg.scenario)
         info = bagio.bag_info(cfg.bag)
-        image_topic = bagio.pick_image_topic(info, cfg.image_topic or scenario.image_topic)
+        cfg = dataclasses.replace(cfg, cameras=replay_cameras(cfg, scenario, info))
+        image_topic = next(iter(cfg.cameras.values())) if cfg.cameras \
+            else bagio.pick_image_topic(info, cfg.image_topic or scenario.image_topic)
         schedule = build_schedule(scenario, info.duration_s)
         truth = bagio.load_ground_truth(cfg.bag, scenario.ground_truth_topic)
         truth_3d = bagio.load_ground_truth_3d(cfg.bag, scenario.ground_truth_topic)
@@ -756,8 +822,38 @@ def run_replay(cfg: ReplayConfig, engine: Any = None) -> ReplayRun:
     meta = {"scenario": scenario.name, "bag": f"{cfg.bag} ({info.storage}, "
             f"{info.duration_s:.2f} s)", "image topic": image_topic, "mode": cfg.mode,
             "rate": "max" if cfg.rate is None else f"{cfg.rate:g}x"}
+    if cfg.cameras:
+        meta["cameras"] = ", ".join(f"{name}={topic}" for name, topic in cfg.cameras.items())
     html = report.write_report(cfg.out, records, frames, meta, summary.to_dict())
     return ReplayRun(records, summary, recorder.jsonl_path, recorder.bag_path, html)
+
+
+def replay_cameras(cfg: ReplayConfig, scenario: Scenario, info: bagio.BagInfo
+                   ) -> dict[str, str]:
+    """Return camera name -> bag image topic (``--camera``, else the scenario's); may be empty.
+
+    Every topic must be an image topic of the bag, each camera its own; every camera a query
+    names must be one of them. Raises ``ScenarioError`` / ``BagError`` naming the problem.
+    """
+    cameras = dict(cfg.cameras) or dict(scenario.cameras)
+    for name, topic in cameras.items():
+        bagio.pick_image_topic(info, topic)  # refuses a topic that is not an image topic
+        others = [n for n, t in cameras.items() if t == topic and n != name]
+        if others:
+            raise ScenarioError(f"cameras {name} and {others[0]} both name {topic}: give each "
+                                f"camera its own topic")
+    if cameras and cfg.image_topic and cfg.image_topic != next(iter(cameras.values())):
+        raise ScenarioError(f"--image-topic {cfg.image_topic} with cameras: the default "
+                            f"camera's topic is the first camera's ({next(iter(cameras))}="
+                            f"{next(iter(cameras.values()))}); leave --image-topic out")
+    for query in scenario.queries:
+        unknown = [c for c in query.goal.cameras if c not in cameras]
+        if unknown:
+            known = ", ".join(cameras) or "none (give --camera NAME=TOPIC or the scenario's "
+            "cameras)"
+            raise ScenarioError(f"query {query.name!r} names camera {unknown[0]!r}; cameras "
+                                f"mapped to the bag's topics: {known}")
+    return cameras
 
 
 def _progress(total: int, enabled: bool) -> Any:
@@ -808,6 +904,26 @@ def _remap(text: str) -> tuple[str, str]:
     return src, dst
 
 
+def _camera(text: str) -> tuple[str, str]:
+    """``--camera NAME=TOPIC``: a camera name (ROS name token) and the bag's image topic."""
+    name, sep, topic = text.partition("=")
+    problem = camera_name_problem(name) if sep else "is missing"
+    if problem or not topic.startswith("/"):
+        raise argparse.ArgumentTypeError(
+            f"--camera {text!r}: expected NAME=TOPIC, e.g. front=/camera/image_raw (name "
+            f"{problem or 'ok'}; the topic an absolute name)")
+    return name, topic
+
+
+def _camera_map(pairs: list[tuple[str, str]]) -> dict[str, str]:
+    cameras: dict[str, str] = {}
+    for name, topic in pairs:
+        if name in cameras:
+            raise ReplayError(f"--camera {name}= is given twice", EXIT_BAD_INPUT)
+        cameras[name] = topic
+    return cameras
+
+
 def _param(text: str) -> tuple[str, Any]:
     """``--param NAME:=VALUE``: the value read as YAML, as ``ros2 run ... -p`` reads it."""
     import yaml
@@ -833,6 +949,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="playback rate (1 = recorded) or 'max' (node mode)")
     ap.add_argument("--image-topic", default="", help="the bag's camera topic (default: "
                     "the scenario's, else the bag's only image topic)")
+    ap.add_argument("--camera", type=_camera, action="append", default=[],
+                    metavar="NAME=TOPIC", help="the bag's image topic of camera NAME "
+                    "(repeatable; the first is the default camera; default: the scenario's "
+                    "cameras): queries name cameras by NAME")
     ap.add_argument("--node-name", default="cosmos_reason")
     ap.add_argument("--remap", type=_remap, action="append", default=[],
                     help="publish a bag topic under another name, FROM:=TO (repeatable)")
@@ -862,6 +982,7 @@ def config_from_args(args: argparse.Namespace) -> ReplayConfig:
         bag=args.bag, scenario=args.scenario, out=args.out, mode=args.mode, rate=args.rate,
         image_topic=args.image_topic, node_name=args.node_name.strip("/"),
         remaps=dict(args.remap), preset=args.preset, model=args.model, params=dict(args.param),
+        cameras=_camera_map(args.camera),
         depth_topic=args.depth_topic, camera_info_topic=args.camera_info_topic,
         results_storage=args.results_storage, goal_timeout_s=args.goal_timeout,
         connect_timeout_s=args.connect_timeout, progress=not args.no_progress)

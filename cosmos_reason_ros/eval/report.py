@@ -49,8 +49,15 @@ def annotate_frame(rgb: np.ndarray, record: Mapping[str, Any]) -> np.ndarray:
         cv2.putText(out, f"gt: {label}", (x0, min(out.shape[0] - 4, y1 + 14)),
                     cv2.FONT_HERSHEY_SIMPLEX, 0.4, (255, 255, 255), 1, cv2.LINE_AA)
     result = record["result"]
-    return draw_annotations(out, _ns(result.get("boxes", [])), _ns(result.get("points", [])),
-                            _ns(result.get("trajectories", [])),
+    # A multi-camera result is drawn on its first camera's frame: that camera's items only.
+    frames = result.get("camera_frames") or []
+    camera = frames[0]["camera"] if frames else ""
+
+    def drawn(items: Sequence[Mapping[str, Any]]) -> Any:
+        return _ns([i for i in items if not camera or i.get("camera", camera) == camera])
+
+    return draw_annotations(out, drawn(result.get("boxes", [])), drawn(result.get("points", [])),
+                            drawn(result.get("trajectories", [])),
                             title=f"{record['query']}: {result.get('answer', '')}")
 
 

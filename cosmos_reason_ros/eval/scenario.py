@@ -7,6 +7,9 @@ it runs, relative to the first message of the recording (``at``: one time or a l
 
     name: shelf check
     image_topic: /camera/image_raw        # optional; the replay tool can also pick it
+    cameras:                              # optional: named cameras, the default one first
+      front: /camera/image_raw            # camera name: the bag's Image/CompressedImage topic
+      wrist: /wrist/image_raw/compressed
     defaults: {max_tokens: 64, greedy: true}
     queries:
       - name: red box
@@ -21,6 +24,10 @@ it runs, relative to the first message of the recording (``at``: one time or a l
         task: verify
         prompt: The aisle is blocked.
         expect: {kind: yes_no, value: "no", informational: true}
+      - name: gripper
+        at: 1.0
+        cameras: [front, wrist]           # one question about both views (goal field cameras)
+        prompt: Is the red box in the gripper?
 
 Pure Python (no rclpy, no vLLM): loading validates every field once and raises
 ``ScenarioError`` naming the field (``queries[1].expect[0].threshold``), the value and what
@@ -37,6 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cosmos_reason_ros.core.cameras import camera_name_problem
 from cosmos_reason_ros.core.pipeline import MAX_CLIP_FPS
 from cosmos_reason_ros.core.types import BadRequestError, Task
 
@@ -52,11 +60,11 @@ _TIME_EPS = 1e-9
 _QUERY_KEYS = frozenset({
     "name", "at", "every", "start", "end", "prompt", "task", "targets", "reasoning", "source",
     "clip_duration_s", "clip_fps", "max_tokens", "temperature", "greedy", "response_schema",
-    "max_image_age_s", "wait_for_image_s", "timeout_s", "expect",
+    "max_image_age_s", "wait_for_image_s", "timeout_s", "expect", "cameras",
 })
 _GOAL_KEYS = _QUERY_KEYS - {"name", "at", "every", "start", "end", "expect"}
 _TOP_KEYS = frozenset({"name", "description", "image_topic", "ground_truth_topic", "defaults",
-                       "fail_on_error", "queries", "version"})
+                       "fail_on_error", "queries", "version", "cameras"})
 _EXPECT_KEYS = frozenset({"kind", "value", "field", "ignore_case", "informational", "label",
                           "box", "threshold"})
 
@@ -104,6 +112,7 @@ class QueryGoal:
     max_image_age_s: float = 0.0
     wait_for_image_s: float = 0.0
     timeout_s: float = 0.0
+    cameras: tuple[str, ...] = ()  # camera names, in prompt order; empty = the default camera
 
 
 @dataclass(frozen=True)
@@ -130,6 +139,8 @@ class Scenario:
     ground_truth_topic: str = "/ground_truth"
     fail_on_error: bool = True  # a goal that ends with an error counts as a regression
     path: str = ""
+    # Camera name -> the bag's image topic, the default camera first (empty: one camera).
+    cameras: tuple[tuple[str, str], ...] = ()
 
     @property
     def scored(self) -> bool:
@@ -193,6 +204,7 @@ def parse_scenario(doc: Any, default_name: str = "scenario") -> Scenario:
         raise ScenarioError("queries: expected a non-empty list of queries")
     if len(raw_queries) > MAX_QUERIES:
         raise ScenarioError(f"queries: {len(raw_queries)} queries; at most {MAX_QUERIES}")
+    cameras = _parse_cameras(doc.get("cameras"))
     queries = []
     names: set[str] = set()
     for i, raw in enumerate(raw_queries):
@@ -202,6 +214,10 @@ def parse_scenario(doc: Any, default_name: str = "scenario") -> Scenario:
         query = _parse_query({**defaults, **raw}, where, i)
         if query.name in names:
             raise ScenarioError(f"{where}.name={query.name!r}: names must be unique")
+        unknown = [c for c in query.goal.cameras if cameras and c not in dict(cameras)]
+        if unknown:
+            raise ScenarioError(f"{where}.cameras: {unknown[0]!r} is not one of the "
+                                f"scenario's cameras ({', '.join(c for c, _ in cameras)})")
         names.add(query.name)
         queries.append(query)
     return Scenario(
@@ -211,7 +227,27 @@ def parse_scenario(doc: Any, default_name: str = "scenario") -> Scenario:
         ground_truth_topic=_string(doc, "ground_truth_topic", "scenario", "/ground_truth"),
         fail_on_error=_bool(doc, "fail_on_error", "scenario", True),
         queries=tuple(queries),
+        cameras=cameras,
     )
+
+
+def _parse_cameras(raw: Any) -> tuple[tuple[str, str], ...]:
+    """``cameras: {front: /camera/image_raw, ...}``: names (ROS name tokens) -> bag topics."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, Mapping) or not raw:
+        raise ScenarioError(f"cameras: expected a mapping of camera name to the bag's image "
+                            f"topic (e.g. {{front: /camera/image_raw}}), got {raw!r}")
+    out = []
+    for name, topic in raw.items():
+        problem = camera_name_problem(name)
+        if problem:
+            raise ScenarioError(f"cameras: name {name!r} {problem}")
+        if not isinstance(topic, str) or not topic.startswith("/"):
+            raise ScenarioError(f"cameras.{name}={topic!r}: expected the bag's image topic, "
+                                f"an absolute name such as /camera/image_raw")
+        out.append((name, topic))
+    return tuple(out)
 
 
 def _parse_query(raw: Mapping[str, Any], where: str, index: int) -> ScenarioQuery:
@@ -302,7 +338,23 @@ def _parse_goal(raw: Mapping[str, Any], where: str) -> QueryGoal:
         wait_for_image_s=_number(raw.get("wait_for_image_s", 0.0),
                                  f"{where}.wait_for_image_s", low=0.0),
         timeout_s=_number(raw.get("timeout_s", 0.0), f"{where}.timeout_s", low=0.0),
+        cameras=_goal_cameras(raw.get("cameras", []), where),
     )
+
+
+def _goal_cameras(raw: Any, where: str) -> tuple[str, ...]:
+    """Return a query's ``cameras``: distinct camera names (one name: a list of one)."""
+    if isinstance(raw, str):
+        raw = [raw]
+    if not isinstance(raw, list):
+        raise ScenarioError(f"{where}.cameras={raw!r}: expected a list of camera names")
+    for i, name in enumerate(raw):
+        problem = camera_name_problem(name)
+        if problem:
+            raise ScenarioError(f"{where}.cameras[{i}]={name!r} {problem}")
+        if name in raw[:i]:
+            raise ScenarioError(f"{where}.cameras[{i}]={name!r}: named twice")
+    return tuple(raw)
 
 
 def _parse_expect(raw: Any, where: str, goal: QueryGoal) -> Expectation:

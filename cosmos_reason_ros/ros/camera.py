@@ -1,21 +1,25 @@
-"""One camera's inputs: colour (raw and/or compressed), registered depth and CameraInfo.
+"""The node's cameras: per camera, colour (raw and/or compressed), optionally depth + CameraInfo.
 
 Subscriptions live on the node's ingest node (callbacks there do no decoding): colour and
 depth messages are stored serialized in bounded histories, stamped with their header stamp
 read in place; CameraInfo, small, is kept as the latest ``CameraModel``. Topic names are
-resolved with the main node's remaps (``image``, ``image/compressed``, ``depth/image``,
-``camera_info``).
+resolved with the main node's remaps. Without ``cameras.names`` the one camera, named
+``default``, takes ``image``, ``image/compressed``, ``depth/image`` and ``camera_info``; a
+named camera takes the same names under its own: ``front/image``, ``front/image/compressed``
+(and, for the first camera with depth on, ``front/depth/image``, ``front/camera_info``),
+relative, so a namespace applies and a launch file remaps each to its driver.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 
 from rclpy.node import Node
 from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy, qos_profile_sensor_data
 from sensor_msgs.msg import CameraInfo, CompressedImage, Image
 
+from cosmos_reason_ros.core.cameras import DEFAULT_CAMERA
 from cosmos_reason_ros.core.frames import FrameHistory
 from cosmos_reason_ros.core.params import NodeParams
 from cosmos_reason_ros.core.rgbd import CameraModel
@@ -26,16 +30,26 @@ StoredMessage = tuple[bool, bytes]  # (compressed, serialized bytes)
 
 
 class Camera:
-    """A camera's histories and subscriptions (the node's default camera today)."""
+    """One camera's histories and subscriptions."""
 
     def __init__(self, node: Node, ingest: Node, params: NodeParams,
-                 clock_ns: Callable[[], int], on_frame: Callable[[], None]) -> None:
-        """Subscribe on ``ingest`` per the ``image.*`` and ``depth.*`` parameters."""
+                 clock_ns: Callable[[], int], on_frame: Callable[[], None], *,
+                 name: str = DEFAULT_CAMERA, prefix: str = "", input_kind: str = "",
+                 depth: bool | None = None) -> None:
+        """Subscribe on ``ingest`` per the ``image.*`` and ``depth.*`` parameters.
+
+        ``prefix`` goes before every topic name (``"front/"``: ``front/image``);
+        ``input_kind`` (raw, compressed, both) replaces ``image.input``; ``depth`` (default
+        ``depth.enabled``) also subscribes to depth and CameraInfo.
+        """
         p = params
         self.node = node
+        self.name = name
         self._clock_ns = clock_ns
         self._on_frame = on_frame
         self.last_frame_monotonic: float | None = None
+        input_kind = input_kind or p.image.input
+        depth = p.depth.enabled if depth is None else depth
         self.history: FrameHistory[StoredMessage] = FrameHistory(
             max_frames=p.image.history_frames,
             max_bytes=int(p.image.history_mb * 1024 * 1024), clock=clock_ns)
@@ -46,29 +60,29 @@ class Camera:
         # raw=True: the callback receives the serialized bytes, so ingest costs a stamp read
         # instead of a full deserialization of every 6 MB frame at 30 Hz.
         self.subscriptions = []
-        if p.image.input in ("raw", "both"):
+        if input_kind in ("raw", "both"):
             self.subscriptions.append(ingest.create_subscription(
-                Image, node.resolve_topic_name("image"), lambda d: self._store(d, False), qos,
-                raw=True))
-        if p.image.input in ("compressed", "both"):
+                Image, node.resolve_topic_name(prefix + "image"),
+                lambda d: self._store(d, False), qos, raw=True))
+        if input_kind in ("compressed", "both"):
             self.subscriptions.append(ingest.create_subscription(
-                CompressedImage, node.resolve_topic_name("image/compressed"),
+                CompressedImage, node.resolve_topic_name(prefix + "image/compressed"),
                 lambda d: self._store(d, True), qos, raw=True))
         self.depth_history: FrameHistory[StoredMessage] | None = None
         self._model: CameraModel | None = None
         self._rectified = p.depth.rectified
         self._warned_distortion = False
-        if p.depth.enabled:
+        if depth:
             self.depth_history = FrameHistory(max_frames=p.depth.history_frames,
                                               clock=clock_ns)
             # Depth with the colour stream's QoS (a driver publishes both alike); CameraInfo
             # as drivers publish it, sensor data QoS.
             self.subscriptions.append(ingest.create_subscription(
-                Image, node.resolve_topic_name("depth/image"), self._store_depth, qos,
+                Image, node.resolve_topic_name(prefix + "depth/image"), self._store_depth, qos,
                 raw=True))
             self.subscriptions.append(ingest.create_subscription(
-                CameraInfo, node.resolve_topic_name("camera_info"), self._on_camera_info,
-                qos_profile_sensor_data))
+                CameraInfo, node.resolve_topic_name(prefix + "camera_info"),
+                self._on_camera_info, qos_profile_sensor_data))
 
     @property
     def topics(self) -> str:
@@ -115,3 +129,57 @@ class Camera:
                 "positions assume a rectified colour image and are off by the lens distortion "
                 "away from the image centre (use the image_rect topic and depth.rectified)")
         self._model = model
+
+
+class CameraSet:
+    """Every camera of the node, the default (first) one first, on one ingest node."""
+
+    def __init__(self, node: Node, ingest: Node, params: NodeParams,
+                 clock_ns: Callable[[], int], on_frame: Callable[[], None]) -> None:
+        """One ``Camera`` per ``cameras.names`` entry, or the unnamed default camera.
+
+        Depth input (``depth.enabled``) belongs to the default camera alone: 3D lifting is
+        the default camera's (docs/INTERFACES.md, "Several cameras in one goal"). So does
+        ``on_frame`` (it wakes the prefill worker, which prefills the default camera's frames).
+        """
+        names = params.cameras.names
+        inputs = params.cameras.inputs or ("",) * len(names)
+        self.named = bool(names)
+        if not names:
+            cameras = [Camera(node, ingest, params, clock_ns, on_frame)]
+        else:
+            cameras = [Camera(node, ingest, params, clock_ns,
+                              on_frame if i == 0 else _no_wake, name=name,
+                              prefix=f"{name}/", input_kind=kind,
+                              depth=params.depth.enabled and i == 0)
+                       for i, (name, kind) in enumerate(zip(names, inputs, strict=True))]
+        self.by_name: dict[str, Camera] = {c.name: c for c in cameras}
+        self.default = cameras[0]
+
+    def __iter__(self) -> Iterator[Camera]:
+        """Iterate over the cameras, the default one first."""
+        return iter(self.by_name.values())
+
+    def __len__(self) -> int:
+        """Return the number of cameras."""
+        return len(self.by_name)
+
+    @property
+    def histories(self) -> Mapping[str, FrameHistory[StoredMessage]]:
+        """Name -> colour history, the default camera first (``GoalPipeline.for_cameras``)."""
+        return {name: camera.history for name, camera in self.by_name.items()}
+
+    @property
+    def source_name(self) -> str:
+        """How error messages name the default camera: its topics (and name, if named)."""
+        topics = self.default.topics
+        return f"{self.default.name} ({topics})" if self.named else topics
+
+    def close(self) -> None:
+        """Wake and end every wait on every camera's histories."""
+        for camera in self:
+            camera.close()
+
+
+def _no_wake() -> None:
+    """``on_frame`` of cameras other than the default one: nothing to wake."""

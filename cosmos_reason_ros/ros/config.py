@@ -15,15 +15,18 @@ namespace): the presets are keyed ``/**:`` so that they apply under any namespac
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
 import re
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from cosmos_reason_ros.core import routing
+from cosmos_reason_ros.core.cameras import MAX_CAMERAS, camera_name_problem
 from cosmos_reason_ros.core.models import looks_like_local_path, missing_path_hint
 from cosmos_reason_ros.core.params import EngineParams, NodeParams
 from cosmos_reason_ros.core.prompts import DEFAULT_TASK
@@ -97,7 +100,75 @@ class JsonObject:
         return "JSON object or empty"
 
 
-Check = Choice | Range | JsonObject
+@dataclass(frozen=True)
+class CameraNames:
+    """A string list of camera names: each one ROS name token, none twice, at most 16."""
+
+    def __call__(self, value: Any) -> str | None:
+        """Return the problem with ``value``, or None if every name can name a camera."""
+        for i, name in enumerate(value):
+            problem = camera_name_problem(name)
+            if problem:
+                return f"[{i}]={name!r} {problem}"
+            if name in value[:i]:
+                return f"[{i}]={name!r} is listed twice; name each camera once"
+        if len(value) > MAX_CAMERAS:
+            return f"{len(value)} cameras; allowed at most {MAX_CAMERAS} (images per request)"
+        return None
+
+    def describe(self) -> str:
+        """Return what is allowed, in words."""
+        return (f"up to {MAX_CAMERAS} unique names, each a letter then letters, digits or "
+                f"underscores")
+
+
+@dataclass(frozen=True)
+class ChoiceList:
+    """A string list whose every item is one of ``allowed``."""
+
+    allowed: tuple[str, ...]
+
+    def __call__(self, value: Any) -> str | None:
+        """Return the problem with the first item not allowed, or None."""
+        for i, item in enumerate(value):
+            if item not in self.allowed:
+                return f"[{i}]={item!r}: allowed: {self.describe()}"
+        return None
+
+    def describe(self) -> str:
+        """Return the allowed items."""
+        return "each item one of " + ", ".join(self.allowed)
+
+
+@dataclass(frozen=True)
+class TextRule:
+    """A string (or string list) checked by a function of the layer that uses the value.
+
+    ``problem`` returns what is wrong, or None; ``words`` say what is allowed. The function
+    is the one copy the consumer also applies (e.g. ``core/routing.base_url_problem`` for
+    ``engine.url`` and the engine's own config).
+    """
+
+    problem: Callable[[Any], str | None]
+    words: str
+
+    def __call__(self, value: Any) -> str | None:
+        """Return the problem with ``value``, or None if it is allowed."""
+        return self.problem(value)
+
+    def describe(self) -> str:
+        """Return what is allowed, in words."""
+        return self.words
+
+
+Check = Choice | Range | JsonObject | CameraNames | ChoiceList | TextRule
+
+# Parameters that no longer exist -> what replaced them (named in the unknown-name error).
+RENAMED = {
+    "engine.endpoints": "engine.url (the server or router) plus engine.fallback_urls "
+                        "(ordered, used while it is unreachable); load balancing belongs "
+                        "to the router (docs/DEPLOYMENT.md)",
+}
 
 
 @dataclass(frozen=True)
@@ -173,8 +244,22 @@ PARAMS: tuple[Param, ...] = (
           "(engine config, tokenizer, processor) out of Python's garbage collector's view "
           "(gc.freeze), so full collections, which stop every thread of the node, walk only "
           "what goals create. Pauses since startup are in diagnostics (gc_*)."),
-    Param("engine.endpoints", ["http://127.0.0.1:8000/v1"], "openai: base URLs of the servers "
-          "(several = least-busy selection with failover)."),
+    Param("engine.url", "http://127.0.0.1:8000/v1", "openai: base URL of the server, or of "
+          "the router in front of several (vllm-router); requests go here while it answers.",
+          TextRule(routing.base_url_problem, routing.URL_RULE)),
+    Param("engine.fallback_urls", [], "openai: base URLs tried in this order while "
+          "engine.url is unreachable (e.g. the robot's onboard server); requests return to "
+          "engine.url as soon as its /health answers.",
+          TextRule(routing.fallback_urls_problem, f"up to {routing.MAX_FALLBACK_URLS} distinct "
+                   f"URLs, each {routing.URL_RULE}")),
+    Param("engine.session_header", routing.DEFAULT_SESSION_HEADER, "openai: routing header "
+          "sent with every request, so that a router with session affinity (vllm-router "
+          "--policy consistent_hash) sends one camera's requests to one server ('' = none).",
+          TextRule(routing.header_name_problem, routing.HEADER_RULE)),
+    Param("engine.session_key", "", "openai: prefix of the routing key; requests about a "
+          "camera carry '<prefix>/<camera>'. Empty = the node's fully qualified name "
+          "(/<namespace>/<node>): set a unique name (e.g. the robot's) when robots share one.",
+          TextRule(routing.session_key_problem, routing.SESSION_KEY_RULE)),
     Param("engine.api_key_env", "", "openai: NAME of the environment variable holding the API "
           "key (the key itself is never a parameter and never logged)."),
     Param("engine.connect_timeout_s", 3.0, "openai: TCP connect timeout.", _range(0.1, 600)),
@@ -217,6 +302,26 @@ PARAMS: tuple[Param, ...] = (
     Param("image.clip_min_fps", 0.0, "Fail a clip (NO_IMAGE) whose history gives fewer frames "
           "per second than this (0 = never; the result's clip_fps reports the rate).",
           _range(0, 60)),
+    # --- cameras.* (several named cameras) ---------------------------------------------
+    # ROS 2 parameters are flat typed values (no per-name maps). Per-camera settings are
+    # string lists parallel to cameras.names rather than names declared on the fly
+    # (cameras.<name>.input, as Nav2 does for plugins): those would escape this table, so the
+    # typed NodeParams, the unknown-name check, the presets' validation and the generated docs
+    # would not know them; a list is one typed, checked parameter that '/**' presets and
+    # `-p` set alike. Only the input kind differs per camera: each camera gets the image.*
+    # QoS (best effort connects to every driver) and its own history with the image.* bounds.
+    Param("cameras.names", [], "Named cameras, the default camera first (a goal with empty "
+          "cameras[] asks about it). Camera NAME subscribes to NAME/image and/or "
+          "NAME/image/compressed (the first camera, with depth.enabled, also to "
+          "NAME/depth/image and NAME/camera_info): relative names, remapped to the drivers' "
+          "topics. Empty = one camera named 'default' on image, image/compressed. Left at its "
+          "default, engine.limit_mm_per_prompt takes one image per camera.", CameraNames()),
+    Param("cameras.inputs", [], "Per camera, in cameras.names order: raw, compressed or both "
+          "(empty = image.input for every camera).", ChoiceList(("raw", "compressed", "both"))),
+    Param("cameras.max_skew_s", 0.1, "Largest difference between the header stamps of the "
+          "frames one multi-camera goal uses (0 = equal stamps: hardware-synchronised "
+          "cameras); the goal waits, at most its wait_for_image_s, for such a set.",
+          _range(0.0, 10.0)),
     # --- depth.* (3D lifting) --------------------------------------------------------------
     Param("depth.enabled", False, "Lift boxes, points and trajectories to 3D with a depth image "
           "registered to the colour image (depth/image) and the colour CameraInfo "
@@ -339,11 +444,13 @@ def validate(values: Mapping[str, Any]) -> NodeParams:
     """
     unknown = sorted(set(values) - set(PARAMS_BY_NAME))
     if unknown:
-        raise ConfigError(f"unknown parameter(s): {', '.join(unknown)}")
+        raise ConfigError(f"unknown parameter(s): {', '.join(unknown)}{_renamed(unknown)}")
     result: dict[str, Any] = {}
     problems: list[str] = []
     for param in PARAMS:
         value = values.get(param.name, param.default)
+        if isinstance(param.default, list) and value is None:
+            value = []  # a YAML '[]' has no element type: rclpy hands it over unset (None)
         if not _same_type(param.default, value):
             problems.append(f"{param.name}={value!r}: expected {type(param.default).__name__}")
             continue
@@ -361,7 +468,13 @@ def validate(values: Mapping[str, Any]) -> NodeParams:
     problem = _combination_problem(params)
     if problem:
         raise ConfigError("invalid parameters: " + problem)
-    return params
+    return _with_camera_image_limit(params)
+
+
+def _renamed(unknown: Sequence[str]) -> str:
+    """Name what replaced the unknown parameters that once existed ("" for the others)."""
+    return "".join(f"; {name} was replaced by {RENAMED[name]}" for name in unknown
+                   if name in RENAMED)
 
 
 def _combination_problem(p: NodeParams) -> str | None:
@@ -370,8 +483,10 @@ def _combination_problem(p: NodeParams) -> str | None:
         problem = _model_problem(p.engine.model)
         if problem:
             return problem
-    if p.engine.kind == "openai" and not p.engine.endpoints:
-        return "engine.endpoints=[]: the openai engine needs at least one URL"
+    if p.engine.kind == "openai" and routing.normalized_url(p.engine.url) in map(
+            routing.normalized_url, p.engine.fallback_urls):
+        return (f"engine.fallback_urls={list(p.engine.fallback_urls)!r}: repeats "
+                f"engine.url={p.engine.url!r}; list other servers only")
     periodic_task = find_spec(p.periodic.task or DEFAULT_TASK.value)
     if p.periodic.enabled and not p.periodic.prompt.strip() \
             and periodic_task is not None and periodic_task.needs_prompt:
@@ -379,14 +494,44 @@ def _combination_problem(p: NodeParams) -> str | None:
     if p.depth.max_m <= p.depth.min_m:
         return (f"depth.max_m={p.depth.max_m!r}: must be greater than "
                 f"depth.min_m={p.depth.min_m!r}")
+    return _cameras_problem(p)
+
+
+def _cameras_problem(p: NodeParams) -> str | None:
+    """Return what is wrong with the ``cameras.*`` values together, or None."""
+    names, inputs = p.cameras.names, p.cameras.inputs
+    if inputs and len(inputs) != len(names):
+        return (f"cameras.inputs={list(inputs)!r}: has {len(inputs)} entries for "
+                f"{len(names)} camera(s) in cameras.names={list(names)!r}; give one per "
+                f"camera, in the same order, or leave it empty (image.input for all)")
     return None
+
+
+def _with_camera_image_limit(p: NodeParams) -> NodeParams:
+    """Let the engine take one image per camera when ``limit_mm_per_prompt`` is the default.
+
+    vLLM refuses a prompt with more images than ``limit_mm_per_prompt`` allows, and the
+    default allows one: with several cameras left at the default, the image count is raised to
+    the number of cameras (the declared parameter shows the value the engine gets). A value
+    the user set stays as set: a goal with more cameras than it allows is BAD_REQUEST.
+    """
+    cameras = len(p.cameras.names)
+    default = json.loads(PARAMS_BY_NAME["engine.limit_mm_per_prompt"].default)
+    limits = json.loads(p.engine.limit_mm_per_prompt or "{}")
+    if cameras <= 1 or limits != default or limits.get("image", 0) >= cameras:
+        return p
+    limits["image"] = cameras
+    return dataclasses.replace(p, engine=dataclasses.replace(
+        p.engine, limit_mm_per_prompt=json.dumps(limits)))
 
 
 def engine_options(e: EngineParams) -> dict[str, Any]:
     """Translate validated ``engine.*`` values into the chosen engine's config mapping."""
     if e.kind == "openai":
         return {
-            "endpoints": tuple(e.endpoints),
+            "url": e.url,
+            "fallback_urls": tuple(e.fallback_urls),
+            "session_header": e.session_header,
             "model": e.model,
             "api_key_env": e.api_key_env,
             "connect_timeout_s": e.connect_timeout_s,
@@ -578,7 +723,8 @@ def declare_and_load(node: Any, argv: Sequence[str] | None = None) -> NodeParams
     unknown = sorted(set(overrides) - set(PARAMS_BY_NAME))
     if unknown:
         raise ConfigError(
-            f"unknown parameter(s) for node {fqn}: {', '.join(unknown)} (from its parameters "
+            f"unknown parameter(s) for node {fqn}: {', '.join(unknown)}{_renamed(unknown)} "
+            f"(from its parameters "
             f"file or -p; docs/PARAMETERS.md lists the parameters)")
     check_params_files(ros_params_files(sys.argv if argv is None else argv), fqn,
                        node._parameter_overrides)

@@ -13,6 +13,8 @@ import math
 from types import ModuleType
 from typing import Any
 
+from std_msgs.msg import Header
+
 from cosmos_reason_interfaces.msg import Box2D, ReasoningResult
 from cosmos_reason_ros.ros.messages import source_header
 
@@ -79,24 +81,28 @@ def detection_id(result_msg: ReasoningResult, index: int) -> str:
     return f"{result_msg.origin or 'periodic'}/{stamp.sec}.{stamp.nanosec:09d}/{index}"
 
 
-def to_detection_array(result_msg: ReasoningResult, vision_msgs_module: Any) -> Any:
+def to_detection_array(result_msg: ReasoningResult, vision_msgs_module: Any,
+                       camera: str | None = None, header: Header | None = None) -> Any:
     """Build a ``Detection2DArray`` with one ``Detection2D`` per non-degenerate box.
 
-    Every header is a copy of the result's header (the source image's stamp and frame_id), so
-    detections line up with the image they were found in. Per box: ``bbox`` centre and size in
-    original-image pixels (axis-aligned, ``theta`` 0); one hypothesis with ``class_id`` = the
-    label and ``score`` from :func:`detection_score`; ``id`` from :func:`detection_id`.
-    Degenerate boxes are left out (:func:`is_detection`, counted by :func:`boxes_left_out`).
+    Every header is a copy of ``header``, by default the result's (the source image's stamp
+    and frame_id), so detections line up with the image they were found in. With ``camera``
+    only that camera's boxes are in (give that camera's frame header: one array, one image).
+    Per box: ``bbox`` centre and size in original-image pixels (axis-aligned, ``theta`` 0);
+    one hypothesis with ``class_id`` = the label and ``score`` from :func:`detection_score`;
+    ``id`` from :func:`detection_id` (its index in all of ``result_msg.boxes``). Degenerate
+    boxes are left out (:func:`is_detection`, counted by :func:`boxes_left_out`).
     """
     vm = vision_msgs_module
+    header = result_msg.header if header is None else header
     array = vm.Detection2DArray()
-    array.header = source_header(result_msg.header)
+    array.header = source_header(header)
     detections = []
     for index, box in enumerate(result_msg.boxes):
-        if not is_detection(box):
+        if not is_detection(box) or (camera is not None and box.camera != camera):
             continue
         detection = vm.Detection2D()
-        detection.header = source_header(result_msg.header)
+        detection.header = source_header(header)
         detection.bbox.center.position.x = (float(box.x_min) + float(box.x_max)) / 2.0
         detection.bbox.center.position.y = (float(box.y_min) + float(box.y_max)) / 2.0
         detection.bbox.center.theta = 0.0

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from diagnostic_msgs.msg import DiagnosticStatus, KeyValue
 
+from cosmos_reason_ros.core.params import NodeParams
 from cosmos_reason_ros.core.pipeline import UNAVAILABLE_STATES
 from cosmos_reason_ros.core.stats import percentile
 
@@ -16,7 +17,12 @@ if TYPE_CHECKING:
 
 
 def node_status(node: ReasonNode) -> DiagnosticStatus:
-    """One status: engine, camera, goals, latency percentiles and periodic/prefill counters."""
+    """One status: engine, cameras, goals, latency percentiles and periodic/prefill counters.
+
+    ``frames_received`` / ``frame_age_s`` are the default camera's; with named cameras every
+    camera also has ``<name>.frames_received`` / ``<name>.frame_age_s``, and any silent
+    camera raises the level.
+    """
     p = node.params
     health = node.runner.health()
     stats = node.history.stats()
@@ -31,16 +37,24 @@ def node_status(node: ReasonNode) -> DiagnosticStatus:
         bad = health.state.value in UNAVAILABLE_STATES
         level = max(level, DiagnosticStatus.ERROR if bad else DiagnosticStatus.WARN)
         problems.append(f"engine {health.state.value}")
-    if silent_s is None or silent_s > p.diagnostics.camera_warn_s:
-        error = silent_s is None or silent_s > p.diagnostics.camera_error_s
-        level = max(level, DiagnosticStatus.ERROR if error else DiagnosticStatus.WARN)
-        problems.append("no camera frames yet" if silent_s is None
-                        else f"camera silent for {silent_s:.1f} s")
+    if not node.cameras.named:
+        level = _camera_level(p, silent_s, "camera", level, problems)
+    camera_values: dict[str, object] = {}
+    for camera in node.cameras if node.cameras.named else ():
+        # Per named camera: a wrist camera that stopped fails every goal naming it.
+        silent = None if camera.last_frame_monotonic is None \
+            else time.monotonic() - camera.last_frame_monotonic
+        level = _camera_level(p, silent, f"camera {camera.name}", level, problems)
+        newest = camera.history.latest()
+        camera_values[f"{camera.name}.frames_received"] = camera.history.stats().received
+        camera_values[f"{camera.name}.frame_age_s"] = "" if newest is None \
+            else f"{(node.now_ns() - newest.stamp_ns) / 1e9:.3f}"
     values = {
         "engine_state": health.state.value, "model": health.model or node.runner.model_name,
         "engine_running_requests": health.running_requests,
         "frames_received": stats.received, "frames_stored": stats.frames,
         "frame_age_s": "" if frame_age_s is None else f"{frame_age_s:.3f}",
+        **camera_values,
         "goals_active": node.slots.running, "goals_queued": node.slots.queued,
         **{f"goals_{k}": v for k, v in counters.items()},
         **{f"periodic_{k}": v for k, v in node.periodic.snapshot().items()},
@@ -59,3 +73,14 @@ def node_status(node: ReasonNode) -> DiagnosticStatus:
         level=level, name=f"{node.get_name()}: visual reasoning",
         hardware_id=node.runner.model_name, message="; ".join(problems) or "ok",
         values=[KeyValue(key=k, value=str(v)) for k, v in values.items()])
+
+
+def _camera_level(p: NodeParams, silent_s: float | None, what: str, level: int,
+                  problems: list[str]) -> int:
+    """Return ``level`` raised for a camera silent past the thresholds (noted in problems)."""
+    if silent_s is not None and silent_s <= p.diagnostics.camera_warn_s:
+        return level
+    error = silent_s is None or silent_s > p.diagnostics.camera_error_s
+    problems.append(f"no {what} frames yet" if silent_s is None
+                    else f"{what} silent for {silent_s:.1f} s")
+    return max(level, DiagnosticStatus.ERROR if error else DiagnosticStatus.WARN)

@@ -47,7 +47,7 @@ from cosmos_reason_ros.engines.base import Engine
 from cosmos_reason_ros.engines.factory import create_engine
 from cosmos_reason_ros.engines.runner import EngineRunner
 from cosmos_reason_ros.ros import cdr, diagnostics, messages, process_life
-from cosmos_reason_ros.ros.camera import Camera
+from cosmos_reason_ros.ros.camera import CameraSet
 from cosmos_reason_ros.ros.config import (
     ConfigError,
     declare_and_load,
@@ -105,23 +105,41 @@ class ReasonNode(Node):
             use_global_arguments=False, start_parameter_services=False)
         self._ingest_executor = SingleThreadedExecutor(context=self.context)
         self._ingest_executor.add_node(self._ingest_node)
-        self.camera = Camera(self, self._ingest_node, p, self.now_ns, self._on_frame)
+        self.cameras = CameraSet(self, self._ingest_node, p, self.now_ns, self._on_frame)
+        self.camera = self.cameras.default  # prefill, periodic runs and 3D use this one
         self.history = self.camera.history
-        settings = Settings.from_params(p, self.profile)
+        settings = Settings.from_params(p, self.profile, self.get_fully_qualified_name())
         lifter = None if settings.depth is None or self.camera.depth_history is None \
             else DepthLifter(settings.depth, self.camera.depth_history, cdr.read_stored_frame,
                              self.camera.camera_model)
         target_frame = TargetFrame(self, p.depth.target_frame, p.depth.tf_timeout_s)
-        self.pipeline = GoalPipeline(settings, self.runner,
-                                     self.history, cdr.read_stored_frame, self.now_ns,
-                                     self.prefill, self.camera.topics, lifter,
-                                     target_frame.apply)
+        self.pipeline = GoalPipeline.for_cameras(
+            settings, self.runner, self.cameras.histories, cdr.read_stored_frame, self.now_ns,
+            max_skew_s=p.cameras.max_skew_s, prefill=self.prefill,
+            source_name=self.cameras.source_name, lifter=lifter,
+            to_target_frame=target_frame.apply)
+        self._log_camera_limits(settings)
         self.periodic = PeriodicRuns(self)
         self.prefill_worker = PrefillWorker(self, busy=lambda: bool(
             self.slots.running or self.slots.queued or self.periodic.busy.is_set()))
         self._prefill_wake = self.prefill_worker.wake
-        self.outputs = Outputs(self, depth=p.depth.enabled)
+        self.outputs = Outputs(self, depth=p.depth.enabled, default_camera=self.camera.name,
+                               cameras=tuple(p.cameras.names))
         self.diagnostics_pub = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
+
+    def _log_camera_limits(self, settings: Settings) -> None:
+        """Say which cameras the node serves, and when the engine takes fewer images."""
+        if not self.cameras.named:
+            return
+        allowed = settings.limits.images_per_request
+        self.get_logger().info(
+            "cameras: " + ", ".join(f"{c.name} ({c.topics})" for c in self.cameras)
+            + f"; max_skew_s={self.params.cameras.max_skew_s:g} images_per_request={allowed}")
+        if allowed < len(self.cameras):
+            self.get_logger().warning(
+                f"engine.limit_mm_per_prompt={self.params.engine.limit_mm_per_prompt} takes "
+                f"{allowed} image(s) per prompt for {len(self.cameras)} cameras: goals naming "
+                f"more than {allowed} camera(s) are refused (BAD_REQUEST)")
 
     @property
     def last_frame_monotonic(self) -> float | None:
@@ -203,7 +221,8 @@ class ReasonNode(Node):
         except ConfigError as e:
             return SetParametersResult(successful=False, reason=str(e))
         self.params = updated
-        self.pipeline.settings = Settings.from_params(updated, self.profile)
+        self.pipeline.settings = Settings.from_params(updated, self.profile,
+                                                      self.get_fully_qualified_name())
         for param in params:
             self.get_logger().info(f"{param.name} set to {param.value}")
         return SetParametersResult(successful=True)
@@ -221,7 +240,7 @@ class ReasonNode(Node):
             return
         self._stopping.set()
         self._prefill_wake.set()
-        self.history.close()  # goals waiting for a frame see the stop at once
+        self.cameras.close()  # goals waiting for a frame see the stop at once
         wait = spin if spin is not None else time.sleep
         in_flight = self.slots.running + self.slots.queued
 

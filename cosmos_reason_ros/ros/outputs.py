@@ -1,4 +1,4 @@
-"""What the node publishes besides action results: ``~/results``, annotated image, detections.
+"""What the node publishes besides action results: ``~/results``, annotated images, detections.
 
 Drawing and vision_msgs are separate concerns from answering (as in yolo_ros): the annotated
 image is drawn only while someone subscribes, and detections only when vision_msgs exists.
@@ -7,19 +7,24 @@ image is drawn only while someone subscribes, and detections only when vision_ms
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
+from typing import Any
 
 from geometry_msgs.msg import PointStamped
 from rclpy.node import Node
 from sensor_msgs.msg import Image
+from std_msgs.msg import Header
 from visualization_msgs.msg import MarkerArray
 
 from cosmos_reason_interfaces.msg import ReasoningResult
 from cosmos_reason_ros.core.annotate import draw_annotations
+from cosmos_reason_ros.core.cameras import DEFAULT_CAMERA
 from cosmos_reason_ros.core.pipeline import Media
 from cosmos_reason_ros.core.types import CosmosReasonError
 from cosmos_reason_ros.ros import messages
 from cosmos_reason_ros.ros.detections import (
     boxes_left_out,
+    is_detection,
     load_vision_msgs,
     to_detection3d_array,
     to_detection_array,
@@ -36,24 +41,35 @@ RESULTS_QUEUE_DEPTH = 256
 class Outputs:
     """The node's result publishers."""
 
-    def __init__(self, node: Node, depth: bool = False) -> None:
+    def __init__(self, node: Node, depth: bool = False, default_camera: str = DEFAULT_CAMERA,
+                 cameras: tuple[str, ...] = ()) -> None:
         """Create ``~/results``, ``~/annotated_image``, with vision_msgs ``~/detections``.
 
-        With ``depth`` (3D lifting on) also ``~/markers``, ``~/target_point`` and, with
+        ``~/annotated_image`` and ``~/detections`` show the ``default_camera``'s image (and
+        an image carried in the goal). Each of the named ``cameras`` also gets
+        ``~/<camera>/annotated_image`` and ``~/<camera>/detections``. With ``depth`` (3D
+        lifting on, the default camera's) also ``~/markers``, ``~/target_point`` and, with
         vision_msgs, ``~/detections_3d``.
         """
         self.node = node
+        self.default_camera = default_camera
         self.detections_left_out = 0  # degenerate boxes kept out of detections (diagnostics)
         self._lock = threading.Lock()
         self.results = node.create_publisher(ReasoningResult, "~/results", RESULTS_QUEUE_DEPTH)
         self.annotated = node.create_publisher(Image, "~/annotated_image", 2)
+        self.camera_annotated = {name: node.create_publisher(Image, f"~/{name}/annotated_image",
+                                                             2) for name in cameras}
         self._vision_msgs = load_vision_msgs()
         self.detections = None
+        self.camera_detections: dict[str, Any] = {}
         if self._vision_msgs is None:
             node.get_logger().info("vision_msgs is not installed: ~/detections is off")
         else:
             self.detections = node.create_publisher(
                 self._vision_msgs.Detection2DArray, "~/detections", 10)
+            self.camera_detections = {name: node.create_publisher(
+                self._vision_msgs.Detection2DArray, f"~/{name}/detections", 10)
+                for name in cameras}
         # 3D outputs exist only with depth input (docs/INTERFACES.md, "3D").
         self.detections_3d = self.markers = self.target_point = None
         if depth:
@@ -78,20 +94,55 @@ class Outputs:
             self.results.publish(msg)
 
     def publish_extras(self, msg: ReasoningResult, media: Media | None) -> None:
-        """Publish detections, and the annotated image when someone subscribes (drawing costs)."""
+        """Publish detections, and annotated images where someone subscribes (drawing costs).
+
+        Per camera of the result: its boxes and drawing, with its own frame's header. The
+        default camera's go on ``~/detections`` and ``~/annotated_image`` (so does an image
+        carried in the goal, which has no camera), each named camera's on its own topics.
+        """
         left_out = boxes_left_out(msg) if msg.boxes else 0
         with self._lock:  # goal threads and the periodic thread publish concurrently
             self.detections_left_out += left_out
-        if self.detections is not None and len(msg.boxes) > left_out:
-            self.detections.publish(to_detection_array(msg, self._vision_msgs))
         if msg.lift_code in (LIFT_OK, LIFT_TF_FAILED):
             self._publish_3d(msg)
-        if media is None or self.annotated.get_subscription_count() == 0:
+        views = media.cameras if media is not None else ()
+        if not views:  # the goal's own image (or no media): everything is about it
+            if self.detections is not None and len(msg.boxes) > left_out:
+                self.detections.publish(to_detection_array(msg, self._vision_msgs))
+            if media is not None and self.annotated.get_subscription_count() > 0:
+                drawn = self._draw(media.original_rgb, msg, None, msg.header)
+                if drawn is not None:
+                    self.annotated.publish(drawn)
             return
+        for view in views:
+            header = messages.camera_frame(view).header  # this camera's frame
+            detections = [p for p in (self.camera_detections.get(view.camera),
+                                      self.detections if view.camera == self.default_camera
+                                      else None) if p is not None]
+            if detections and any(b.camera == view.camera and is_detection(b)
+                                  for b in msg.boxes):
+                array = to_detection_array(msg, self._vision_msgs, view.camera, header)
+                for publisher in detections:
+                    publisher.publish(array)
+            annotated = [p for p in (self.camera_annotated.get(view.camera),
+                                     self.annotated if view.camera == self.default_camera
+                                     else None)
+                         if p is not None and p.get_subscription_count() > 0]
+            drawn = self._draw(view.original_rgb, msg, view.camera, header) if annotated \
+                else None
+            for publisher in annotated if drawn is not None else ():
+                publisher.publish(drawn)
+
+    def _draw(self, original_rgb: Callable[[], Any], msg: ReasoningResult, camera: str | None,
+              header: Header) -> Image | None:
+        """Draw ``msg``'s items of ``camera`` (None: all) on the frame (None if it fails)."""
+        def mine(items: Any) -> list[Any]:
+            return [i for i in items if camera is None or i.camera == camera]
+
         try:
-            drawn = draw_annotations(media.original_rgb(), msg.boxes, msg.points,
-                                     msg.trajectories, title=msg.answer)
+            drawn = draw_annotations(original_rgb(), mine(msg.boxes), mine(msg.points),
+                                     mine(msg.trajectories), title=msg.answer)
         except CosmosReasonError as e:  # a drawing problem must not fail the goal
             self.node.get_logger().warning(f"annotated image skipped: {e.message}")
-            return
-        self.annotated.publish(messages.rgb_image(drawn, messages.source_header(msg.header)))
+            return None
+        return messages.rgb_image(drawn, messages.source_header(header))

@@ -10,12 +10,10 @@ from __future__ import annotations
 import math
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from cosmos_reason_interfaces.msg import ReasoningResult
-from cosmos_reason_ros.core import query
 from cosmos_reason_ros.core.frames import StoredFrame
 from cosmos_reason_ros.core.pipeline import GoalFields, Source, Stop
 from cosmos_reason_ros.core.types import CosmosReasonError, EngineError, FinishReason
@@ -171,9 +169,10 @@ class PrefillWorker:
         outcome = "failed"
         try:
             media = node.pipeline.prepare_frame(frame)
-            request = query.build_prefill_request(uuid.uuid4().hex, node.profile,
-                                                  media.prepared,
-                                                  reasoning=node.params.prefill.reasoning)
+            # Routed like the goals about this camera: over HTTP the prefill must warm the
+            # server those goals will reach (engine.session_header).
+            request = node.pipeline.build_prefill_request(
+                media, reasoning=node.params.prefill.reasoning)
             if node.prefill.abort_requested:
                 outcome = "aborted"
                 return

@@ -5,14 +5,18 @@
     make demo DEMO_ARGS="--rate max --duration 6"
 
 1. Generates the demo recording (``demo_recording``: 640x480 at 15 Hz, Image +
-   CompressedImage + CameraInfo + registered 16UC1 depth + 2D/3D ground truth, a real rosbag2
-   bag), cached in ``out/demo/recording`` while its parameters stay the same.
+   CompressedImage + CameraInfo + registered 16UC1 depth + 2D/3D ground truth, and a
+   smaller wrist-style view (320x240 JPEG), a real rosbag2 bag), cached in
+   ``out/demo/recording`` while its parameters stay the same.
 2. Starts the node as its own process (the way ``ros2 launch`` would) from a config preset
-   with ``use_sim_time``, its camera remapped to the recording's topic, and depth input on
-   (``depth/image`` and ``camera_info`` remapped to the recording's), so grounding answers
-   are lifted to 3D and scored against the 3D ground truth (``position_error``).
+   with ``use_sim_time``, two named cameras (``front`` on the recording's colour topic,
+   ``wrist`` on its compressed wrist view) and depth input on for ``front``
+   (``front/depth/image`` and ``front/camera_info`` remapped to the recording's), so
+   grounding answers are lifted to 3D and scored against the 3D ground truth
+   (``position_error``).
 3. Replays the demo scenario (``config/scenarios/demo.yaml``: a question, grounding every
-   1.5 s, a yes/no check, the next frame, a clip) through the node with ``replay``.
+   1.5 s, a yes/no check, the next frame, a clip, a question about both cameras) through the
+   node with ``replay``.
 4. Prints each answer and the summary; the report (annotated frames, latencies, scores) is
    ``out/demo/replay/report.html``.
 
@@ -37,13 +41,16 @@ from cosmos_reason_ros.ros.node_process import stop_node, wait_ready
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_SCENARIO = REPO_ROOT / "config" / "scenarios" / "demo.yaml"
+DEMO_CAMERAS = ("front", "wrist")  # as config/scenarios/demo.yaml names them
 
 
 def start_node(model: str, preset: str, image_topic: str, depth: bool = True
                ) -> subprocess.Popen:
-    """Start the node process from a config preset, on sim time, camera remapped.
+    """Start the node process from a config preset, on sim time, cameras remapped.
 
-    With ``depth``, the node also takes the recording's registered depth and CameraInfo.
+    Two named cameras, as the recording has: ``front`` (the default camera) on
+    ``image_topic``, raw, and ``wrist`` on the recording's compressed wrist view. With
+    ``depth``, the front camera also takes the recording's registered depth and CameraInfo.
     """
     args = [sys.executable, "-m", "cosmos_reason_ros.ros.node", "--ros-args", "--params-file",
             str(REPO_ROOT / "config" / f"{preset}.yaml"), "-p", f"engine.model:={model}",
@@ -52,11 +59,14 @@ def start_node(model: str, preset: str, image_topic: str, depth: bool = True
             # machine, and the replay should answer about the frames it scheduled. Depth
             # frames take the same QoS.
             "-p", "image.qos_reliability:=reliable", "-p", "image.qos_depth:=10",
-            "-r", f"image:={image_topic}"]
+            "-p", f"cameras.names:=[{DEMO_CAMERAS[0]},{DEMO_CAMERAS[1]}]",
+            "-p", "cameras.inputs:=[raw,compressed]",
+            "-r", f"{DEMO_CAMERAS[0]}/image:={image_topic}",
+            "-r", f"{DEMO_CAMERAS[1]}/image/compressed:={demo_recording.WRIST_TOPIC}"]
     if depth:
         args += ["-p", "depth.enabled:=true",
-                 "-r", f"depth/image:={demo_recording.DEPTH_TOPIC}",
-                 "-r", f"camera_info:={demo_recording.CAMERA_INFO_TOPIC}"]
+                 "-r", f"{DEMO_CAMERAS[0]}/depth/image:={demo_recording.DEPTH_TOPIC}",
+                 "-r", f"{DEMO_CAMERAS[0]}/camera_info:={demo_recording.CAMERA_INFO_TOPIC}"]
     return subprocess.Popen(args, cwd=REPO_ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})

@@ -2,6 +2,7 @@
 
     ros2 run cosmos_reason_ros query --prompt "What is on the table?"
     ros2 run cosmos_reason_ros query --task ground --targets "red cup" --image cup.jpg
+    ros2 run cosmos_reason_ros query --prompt "Is the part in the gripper?" --cameras front,wrist
 
 The streamed model text goes to stderr as it arrives; the final result goes to stdout as one
 JSON object (so ``| jq`` works). Exit status: 0 succeeded, 1 aborted/canceled/no answer in
@@ -47,6 +48,16 @@ def message_to_dict(msg: Any) -> Any:
     return msg
 
 
+def camera_list(text: str) -> list[str]:
+    """``--cameras front,wrist``: the node's camera names, comma-separated, in prompt order."""
+    names = [name.strip() for name in text.split(",")]
+    if not all(names):
+        raise argparse.ArgumentTypeError(
+            f"--cameras {text!r}: an empty name; give camera names separated by commas, "
+            f"e.g. front,wrist")
+    return names
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Build the command-line parser."""
     ap = argparse.ArgumentParser(prog="query", description=__doc__,
@@ -59,6 +70,10 @@ def build_parser() -> argparse.ArgumentParser:
                     "(default: the node's live camera)")
     ap.add_argument("--source", choices=sorted(SOURCES), default="latest",
                     help="live-camera frame to use when --image is not given")
+    ap.add_argument("--cameras", type=camera_list, default=[], metavar="NAMES",
+                    help="the node's cameras to ask about together, comma-separated, in the "
+                    "order the model sees them (e.g. front,wrist; default: the node's default "
+                    "camera)")
     ap.add_argument("--reasoning", action="store_true", help="ask the model to reason first")
     ap.add_argument("--schema", default="", help="JSON schema text, or @FILE")
     ap.add_argument("--max-tokens", type=int, default=0)
@@ -87,7 +102,8 @@ def make_goal(args: argparse.Namespace) -> Any:
     goal = Reason.Goal(prompt=args.prompt, task=args.task, targets=list(args.targets),
                        reasoning=args.reasoning, response_schema=schema,
                        max_tokens=args.max_tokens, temperature=args.temperature,
-                       greedy=args.greedy, timeout_s=float(args.goal_timeout))
+                       greedy=args.greedy, timeout_s=float(args.goal_timeout),
+                       cameras=list(args.cameras))
     if args.image is not None:
         suffix = args.image.suffix.lower().lstrip(".")
         goal.compressed_image = CompressedImage(
@@ -100,7 +116,11 @@ def make_goal(args: argparse.Namespace) -> Any:
 
 def main(argv: list[str] | None = None) -> int:
     """Run one query; print the result as JSON."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.image is not None and args.cameras:
+        parser.error("--cameras asks about the node's cameras and --image sends an image of "
+                     "its own: give one of them")
     import rclpy
 
     from cosmos_reason_ros.client import ReasonClient, ServerUnavailableError

@@ -222,7 +222,7 @@ def node_process():
     args = [sys.executable, "-m", "cosmos_reason_ros.ros.node", "--ros-args",
             "-r", "__node:=gpu_smoke_node", "-p", "engine.kind:=openai",
             "-p", "engine.model:=m", "-p", "model.family:=qwen3_vl",
-            "-p", "engine.endpoints:=['http://127.0.0.1:9/v1']",
+            "-p", "engine.url:=http://127.0.0.1:9/v1",
             "-p", "engine.start_timeout_s:=3.0"]
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             start_new_session=True)

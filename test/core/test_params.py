@@ -67,7 +67,7 @@ def test_every_parameter_is_a_typed_field_named_after_its_section() -> None:
     p = defaults()
     assert p.limits.max_tokens == PARAMS_BY_NAME["limits.max_tokens"].default
     assert p.image.clip_min_fps == 0.0 and isinstance(p.image.clip_min_fps, float)
-    assert p.engine.endpoints == tuple(PARAMS_BY_NAME["engine.endpoints"].default)
+    assert p.engine.fallback_urls == tuple(PARAMS_BY_NAME["engine.fallback_urls"].default)
 
 
 def test_fields_carry_the_parameter_descriptions() -> None:
@@ -79,17 +79,17 @@ def test_fields_carry_the_parameter_descriptions() -> None:
 
 def test_validate_returns_node_params_and_values_round_trip() -> None:
     values = {"engine.model": HUB_MODEL, "limits.max_tokens": 77, "image.max_age_s": 5,
-              "engine.endpoints": ("http://a:8000/v1", "http://b:8000/v1"),
+              "engine.fallback_urls": ("http://a:8000/v1", "http://b:8000/v1"),
               "prefill.enabled": True}
     p = validate(values)
     assert isinstance(p, NodeParams)
     assert p.limits.max_tokens == 77
     assert p.image.max_age_s == 5.0 and isinstance(p.image.max_age_s, float)
-    assert p.engine.endpoints == ("http://a:8000/v1", "http://b:8000/v1")
+    assert p.engine.fallback_urls == ("http://a:8000/v1", "http://b:8000/v1")
     assert p.prefill.enabled is True
     flat = p.to_values()
     assert list(flat) == list(NAMES)
-    assert flat["engine.endpoints"] == ["http://a:8000/v1", "http://b:8000/v1"]  # as ROS has it
+    assert flat["engine.fallback_urls"] == ["http://a:8000/v1", "http://b:8000/v1"]  # as in ROS
     assert NodeParams.from_values(flat) == p
     assert validate(flat) == p
     assert hash(p) == hash(NodeParams.from_values(flat))  # frozen all the way down: hashable
@@ -101,7 +101,7 @@ def test_node_params_are_frozen() -> None:
         p.limits.max_tokens = 1  # type: ignore[misc]
     with pytest.raises(dataclasses.FrozenInstanceError):
         p.limits = p.limits  # type: ignore[misc]
-    assert isinstance(p.engine.endpoints, tuple)
+    assert isinstance(p.engine.fallback_urls, tuple)
     # A change is a new structure; the old one is untouched (a runtime parameter update).
     changed = validate({**p.to_values(), "prefill.enabled": True})
     assert changed.prefill.enabled is True and p.prefill.enabled is False
@@ -120,8 +120,9 @@ def test_from_values_refuses_an_incomplete_or_unknown_mapping() -> None:
 @pytest.mark.parametrize("values,message", [
     ({"depth.min_m": 2.0, "depth.max_m": 1.0},
      "invalid parameters: depth.max_m=1.0: must be greater than depth.min_m=2.0"),
-    ({"engine.kind": "openai", "engine.endpoints": []},
-     "invalid parameters: engine.endpoints=[]: the openai engine needs at least one URL"),
+    ({"engine.kind": "openai", "engine.fallback_urls": ["http://127.0.0.1:8000/v1/"]},
+     "invalid parameters: engine.fallback_urls=['http://127.0.0.1:8000/v1/']: repeats "
+     "engine.url='http://127.0.0.1:8000/v1'; list other servers only"),
     ({"periodic.enabled": True},
      "invalid parameters: periodic.prompt='': periodic.enabled needs a prompt for this task"),
     ({"periodic.task": 5},

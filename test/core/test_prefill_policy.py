@@ -141,3 +141,14 @@ def test_prefill_messages_and_pixels_are_the_start_of_every_goal(family, reasoni
     assert prefill.images[0] is goal.images[0]
     assert prefill.sampling.max_tokens == 1 and prefill.json_schema is None
     assert prefill.priority == query.PREFILL_PRIORITY > 1  # below goals (0) and periodic (1)
+
+
+def test_goal_cache_use_is_counted_for_diagnostics():
+    policy = PrefillPolicy()
+    assert (policy.counts().goals_last_cached_prompt_tokens,
+            policy.counts().goals_with_cached_prompt) == (0, 0)
+    policy.goal_served(96)
+    policy.goal_served(0)  # a miss (another server behind the router, an evicted prefix)
+    policy.goal_served(64)
+    assert (policy.counts().goals_last_cached_prompt_tokens,
+            policy.counts().goals_with_cached_prompt) == (64, 2)

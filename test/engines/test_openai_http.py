@@ -2,9 +2,11 @@
 
 The real server (``python -m vllm.entrypoints.openai.api_server``, own process group) covers
 the behaviours that matter on a robot: streaming with images and video, JSON schemas,
-reasoning split, cancel by disconnect, failover, all-down, API-key hygiene, a server that
-comes up late and one killed mid-stream. A small ``aiohttp.web`` server covers the SSE
-parser and the error mapping cheaply (cases a real server will not produce on demand).
+reasoning split, cancel by disconnect, a primary down and the fallback serving, all-down,
+API-key hygiene, a server that comes up late and one killed mid-stream. A small
+``aiohttp.web`` server covers the SSE parser, ordered fallbacks and recovery, the routing
+header, busy retries, output bounds and the error mapping cheaply (cases a real server will
+not produce on demand). The router itself is exercised in ``test/ros/test_fleet_router.py``.
 """
 
 from __future__ import annotations
@@ -13,12 +15,7 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
 import signal
-import socket
-import subprocess
-import sys
-import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -29,6 +26,7 @@ import aiohttp
 import numpy as np
 import pytest
 from aiohttp import web
+from servers import VllmServer, free_port
 
 from cosmos_reason_ros.core.types import (
     BadRequestError,
@@ -45,15 +43,9 @@ from cosmos_reason_ros.core.types import (
     Sampling,
     Video,
 )
-from cosmos_reason_ros.engines.base import EngineState
-from cosmos_reason_ros.engines.openai_http import (
-    OpenAIServerConfig,
-    OpenAIServerEngine,
-    SSEParser,
-    output_token_limit,
-)
+from cosmos_reason_ros.engines.base import EngineState, output_token_limit
+from cosmos_reason_ros.engines.openai_http import OpenAIServerConfig, OpenAIServerEngine, SSEParser
 
-SERVER_START_TIMEOUT_S = 300.0  # measured 40-70 s on a loaded 2-core machine
 REASONING_FORMAT = (
     "Answer the question using the following format:\n\n<think>\nYour reasoning.\n</think>\n\n"
     "Write your final answer immediately after the </think> tag."
@@ -71,12 +63,6 @@ SCHEMA = {
 
 
 # --- helpers ------------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def image(seed: int = 0, h: int = 240, w: int = 320) -> np.ndarray:
@@ -161,71 +147,6 @@ async def wait_idle(root: str, timeout_s: float) -> float:
     raise AssertionError(f"server still running a request after {timeout_s}s")
 
 
-class VllmServer:
-    """A real ``vllm`` OpenAI server in its own process group, logging to a file."""
-
-    def __init__(self, model: Path, port: int, api_key: str | None = None) -> None:
-        self.port = port
-        self.root = f"http://127.0.0.1:{port}"
-        self.base = self.root + "/v1"
-        self.log = Path(tempfile.mkstemp(prefix=f"vllm_{port}_", suffix=".log")[1])
-        args = [
-            sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-            "--model", str(model), "--served-model-name", "tiny",
-            "--host", "127.0.0.1", "--port", str(port),
-            "--enforce-eager", "--max-model-len", "2048", "--max-num-seqs", "8",
-            "--reasoning-parser", "qwen3",
-            "--structured-outputs-config",
-            '{"backend":"guidance","disable_any_whitespace":true}',
-            "--disable-uvicorn-access-log",
-            # Cached-token counts in usage, in blocks small enough for the tiny model's images.
-            "--enable-prompt-tokens-details", "--block-size", "32",
-        ]
-        if api_key:
-            args += ["--api-key", api_key]
-        env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", HF_HUB_OFFLINE="1",
-                   VLLM_NO_USAGE_STATS="1", TRANSFORMERS_OFFLINE="1")
-        self.started = time.monotonic()
-        with open(self.log, "wb") as log:
-            self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                         start_new_session=True)
-        self.startup_s: float | None = None
-
-    def wait_healthy(self, timeout_s: float = SERVER_START_TIMEOUT_S) -> float:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"vllm server exited ({self.proc.returncode}):\n"
-                                   + self.log.read_text()[-4000:])
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=1):
-                    pass
-                import urllib.request
-
-                with urllib.request.urlopen(self.root + "/health", timeout=2) as r:
-                    if r.status == 200:
-                        self.startup_s = time.monotonic() - self.started
-                        return self.startup_s
-            except OSError:
-                pass
-            time.sleep(0.5)
-        raise TimeoutError(f"vllm server not healthy in {timeout_s}s:\n"
-                           + self.log.read_text()[-4000:])
-
-    def kill(self, sig: int = signal.SIGKILL) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, sig)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(timeout=30)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.kill(signal.SIGTERM)
-        self.kill(signal.SIGKILL)  # whatever is left of the group (engine core, workers)
-        with contextlib.suppress(OSError):
-            self.log.unlink()
-
-
 SECRET = f"sk-test-{uuid.uuid4().hex}"
 KEY_ENV = "COSMOS_TEST_OPENAI_KEY"
 
@@ -233,7 +154,8 @@ KEY_ENV = "COSMOS_TEST_OPENAI_KEY"
 @pytest.fixture(scope="module")
 def server(tiny_qwen3_vl: Path) -> Any:
     """One real server for the module; it requires the API key held in ``KEY_ENV``."""
-    srv = VllmServer(tiny_qwen3_vl, free_port(), api_key=SECRET)
+    # 2048 tokens of context: the key-hygiene test needs a prompt the server refuses.
+    srv = VllmServer(tiny_qwen3_vl, free_port(), api_key=SECRET, max_model_len=2048)
     try:
         startup = srv.wait_healthy()
         print(f"\nvllm server healthy after {startup:.1f}s")
@@ -248,37 +170,44 @@ def key_env(monkeypatch: pytest.MonkeyPatch) -> str:
     return KEY_ENV
 
 
-def cfg(*endpoints: str, **kwargs: Any) -> OpenAIServerConfig:
+def cfg(url: str, *fallback_urls: str, **kwargs: Any) -> OpenAIServerConfig:
     kwargs.setdefault("api_key_env", KEY_ENV)
     kwargs.setdefault("start_timeout_s", 60.0)
     kwargs.setdefault("health_period_s", 0.5)
-    return OpenAIServerConfig(endpoints=endpoints, **kwargs)
+    return OpenAIServerConfig(url=url, fallback_urls=fallback_urls, **kwargs)
 
 
 # --- config -------------------------------------------------------------------------------------
 
 
 def test_config_from_dict_rejects_unknown_keys_and_names_them() -> None:
-    with pytest.raises(ValueError, match=r"unknown OpenAIServerConfig key\(s\) \['endpiont'\]"):
-        OpenAIServerConfig.from_dict({"endpiont": ["http://x:1/v1"]})
-    c = OpenAIServerConfig.from_dict({"endpoints": ["http://a:1/v1/", "http://b:2/v1"],
+    with pytest.raises(ValueError, match=r"unknown OpenAIServerConfig key\(s\) \['endpoints'\]"):
+        OpenAIServerConfig.from_dict({"endpoints": ["http://x:1/v1"]})
+    c = OpenAIServerConfig.from_dict({"url": "http://a:1/v1/", "fallback_urls": ["http://b:2/v1"],
                                       "read_timeout_s": 5})
-    assert c.endpoints == ("http://a:1/v1", "http://b:2/v1")
+    assert c.urls == ("http://a:1/v1", "http://b:2/v1")
     assert c.read_timeout_s == 5
 
 
-@pytest.mark.parametrize("bad", [
-    {"endpoints": []},
-    {"endpoints": ["ftp://x/v1"]},
-    {"read_timeout_s": 0},
-    {"max_in_flight": 0},
-    {"jpeg_quality": 101},
-    {"thinking": "maybe"},
-    {"structured_outputs_field": "guided_json"},
+@pytest.mark.parametrize("bad,says", [
+    ({"url": "ftp://x/v1"}, "url='ftp://x/v1': allowed: http(s)://host"),
+    ({"url": "http://x:8000"}, "url='http://x:8000': path '/' does not end in /v1"),
+    ({"url": "http://user:pw@x/v1"}, "holds credentials"),
+    ({"fallback_urls": ["http://b/v1", "http://b/v1/"]}, "[1]='http://b/v1/' is listed twice"),
+    ({"url": "http://a/v1", "fallback_urls": ["http://a/v1/"]}, "repeats url='http://a/v1'"),
+    ({"session_header": "X Session"}, "session_header='X Session': allowed: empty"),
+    ({"session_header": "Authorization"}, "the engine sets Authorization itself"),
+    ({"read_timeout_s": 0}, "read_timeout_s=0; expected a number > 0"),
+    ({"busy_retries": -1}, "busy_retries=-1; expected 0..10"),
+    ({"jpeg_quality": 101}, "jpeg_quality=101; expected 1..100"),
+    ({"thinking": "maybe"}, "thinking='maybe'; expected one of"),
+    ({"structured_outputs_field": "guided_json"}, "structured_outputs_field='guided_json'"),
 ])
-def test_config_rejects_invalid_values(bad: dict[str, Any]) -> None:
-    with pytest.raises(ValueError):
+def test_config_rejects_invalid_values_naming_field_value_and_rule(bad: dict[str, Any],
+                                                                   says: str) -> None:
+    with pytest.raises(ValueError) as info:
         OpenAIServerConfig.from_dict(bad)
+    assert says in str(info.value)
 
 
 def test_config_refuses_a_key_in_place_of_a_variable_name_without_echoing_it() -> None:
@@ -321,7 +250,7 @@ def test_sse_parser_split_between_cr_and_lf() -> None:
     assert parser.feed(b"\ndata: 2\n\n") == ["2"]
 
 
-# --- fake server: selection, failover, error mapping ---------------------------------------------
+# --- fake server: order, fallbacks, routing header, error mapping ------------------------------
 
 
 def sse(obj: Any) -> bytes:
@@ -343,9 +272,12 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 class FakeServer:
     """An OpenAI-ish server on 127.0.0.1 whose chat handler a test chooses."""
 
-    def __init__(self, chat: Handler, health_status: int = 200) -> None:
+    def __init__(self, chat: Handler, health_status: int = 200,
+                 readiness_status: int | None = None) -> None:
         self.chat = chat
         self.health_status = health_status
+        self.readiness_status = readiness_status  # None: no /readiness (like vllm serve)
+        self.models = ["fake-model"]
         self.bodies: list[dict[str, Any]] = []
         self.headers: list[Any] = []
         self.runner: web.AppRunner | None = None
@@ -354,6 +286,8 @@ class FakeServer:
     async def __aenter__(self) -> FakeServer:
         app = web.Application()
         app.router.add_get("/health", self._health)
+        if self.readiness_status is not None:  # like vllm-router
+            app.router.add_get("/readiness", self._readiness)
         app.router.add_get("/v1/models", self._models)
         app.router.add_post("/v1/chat/completions", self._chat)
         self.runner = web.AppRunner(app, handler_cancellation=True)  # disconnect cancels
@@ -370,8 +304,12 @@ class FakeServer:
     async def _health(self, request: web.Request) -> web.Response:
         return web.Response(status=self.health_status)
 
+    async def _readiness(self, request: web.Request) -> web.Response:
+        return web.Response(status=self.readiness_status or 404)
+
     async def _models(self, request: web.Request) -> web.Response:
-        return web.json_response({"data": [{"id": "fake-model"}]})
+        return web.json_response({"object": "list",
+                                  "data": [{"id": m, "object": "model"} for m in self.models]})
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         self.bodies.append(await request.json())
@@ -416,7 +354,8 @@ def fake_cfg(*servers: FakeServer, **kwargs: Any) -> OpenAIServerConfig:
     kwargs.setdefault("health_period_s", 0.2)
     kwargs.setdefault("start_timeout_s", 10.0)
     kwargs.setdefault("warmup", False)
-    return OpenAIServerConfig(endpoints=tuple(s.base for s in servers), **kwargs)
+    return OpenAIServerConfig(url=servers[0].base,
+                              fallback_urls=tuple(s.base for s in servers[1:]), **kwargs)
 
 
 @pytest.mark.parametrize("split", [0, 1, 7])
@@ -469,6 +408,8 @@ def test_request_body_sampling_schema_and_thinking_switch() -> None:
             await collect(engine, image_request("odd\nid", text="Why?\n\n" + REASONING_FORMAT))
             assert fake.headers[-1]["X-Request-Id"] == "odd_id"
             assert "chat_template_kwargs" not in fake.bodies[-1]
+            # No key configured: no Authorization header at all (none from OPENAI_API_KEY).
+            assert "Authorization" not in fake.headers[-1]
         async with FakeServer(good_chat()) as fake, engine_for(
             fake_cfg(fake, structured_outputs_field="response_format")
         ) as engine:
@@ -507,20 +448,45 @@ def test_client_errors_map_to_codes_and_do_not_fail_over(
     run(body())
 
 
-def test_5xx_before_first_token_fails_over_to_the_next_endpoint() -> None:
+def test_5xx_before_first_token_moves_to_the_fallback_and_marks_the_url_down() -> None:
     async def body() -> None:
-        async with FakeServer(status_chat(503, "overloaded")) as bad, \
+        async with FakeServer(status_chat(502, "bad gateway")) as bad, \
                 FakeServer(good_chat()) as good, \
-                engine_for(fake_cfg(bad, good)) as engine:
+                engine_for(fake_cfg(bad, good, health_period_s=60)) as engine:
             for _ in range(3):
                 chunks = await collect(engine, image_request())
                 assert "".join(c.text_delta for c in chunks) == "A cup"
             assert len(good.bodies) == 3
-            assert len(bad.bodies) <= 1  # tried once, then marked down until /health says up
+            assert len(bad.bodies) == 1  # tried once, then down until /health says up
+            assert "bad gateway" in (await engine.health()).detail
     run(body())
 
 
-def test_all_endpoints_failing_raise_with_every_reason() -> None:
+def test_busy_server_is_retried_with_jitter_before_any_fallback() -> None:
+    calls = {"n": 0}
+
+    async def busy_twice(request: web.Request) -> web.StreamResponse:
+        calls["n"] += 1
+        if calls["n"] <= 2:
+            return web.json_response({"error": {"message": "busy", "code": 503}}, status=503,
+                                     headers={"Retry-After": "0"})
+        return await good_chat()(request)
+
+    async def body() -> None:
+        async with FakeServer(busy_twice) as primary, FakeServer(good_chat()) as fallback, \
+                engine_for(fake_cfg(primary, fallback, health_period_s=60)) as engine:
+            chunks = await collect(engine, image_request())
+            assert "".join(c.text_delta for c in chunks) == "A cup"
+            assert (len(primary.bodies), len(fallback.bodies)) == (3, 0)
+        async with FakeServer(status_chat(429, "slow down")) as always, \
+                engine_for(fake_cfg(always, busy_retries=2)) as engine:
+            with pytest.raises(OverloadedError, match="slow down"):
+                await collect(engine, image_request())
+            assert len(always.bodies) == 3  # the first try and two retries, no more
+    run(body())
+
+
+def test_all_urls_failing_raise_with_every_reason() -> None:
     async def body() -> None:
         async with FakeServer(status_chat(500, "boom")) as a, \
                 FakeServer(status_chat(502, "bad gateway")) as b, \
@@ -542,7 +508,6 @@ def test_error_after_first_token_is_not_retried() -> None:
     async def body() -> None:
         async with FakeServer(broken) as a, FakeServer(good_chat()) as b, \
                 engine_for(fake_cfg(a, b)) as engine:
-            engine._endpoints[1].in_flight = 5  # make the broken one the least busy
             got: list[str] = []
             with pytest.raises(EngineUnavailableError, match="engine died"):
                 async for c in engine.stream(image_request()):
@@ -551,50 +516,100 @@ def test_error_after_first_token_is_not_retried() -> None:
     run(body())
 
 
-def test_least_busy_healthy_endpoint_is_chosen() -> None:
+async def wait_health(engine: OpenAIServerEngine, state: EngineState) -> None:
+    for _ in range(200):  # the engine's own health loop (0.2 s period) notices
+        if (await engine.health()).state == state:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"engine never {state.value}: {(await engine.health()).detail}")
+
+
+def test_primary_serves_while_healthy_fallback_while_not_and_primary_again_on_recovery() -> None:
     async def body() -> None:
-        async with FakeServer(good_chat()) as a, FakeServer(good_chat()) as b, \
-                FakeServer(good_chat()) as c, engine_for(fake_cfg(a, b, c)) as engine:
-            engine._endpoints[0].in_flight = 2
-            engine._endpoints[1].in_flight = 1
-            await collect(engine, image_request())
-            assert (len(a.bodies), len(b.bodies), len(c.bodies)) == (0, 0, 1)
-            engine._endpoints[2].in_flight = 3
-            await collect(engine, image_request())
-            assert len(b.bodies) == 1
-            # Equal load: requests spread over all endpoints.
-            for e in engine._endpoints:
-                e.in_flight = 0
-            for _ in range(6):
+        async with FakeServer(good_chat()) as primary, FakeServer(good_chat()) as fallback, \
+                engine_for(fake_cfg(primary, fallback)) as engine:
+            for _ in range(3):  # no balancing: everything goes to the primary
                 await collect(engine, image_request())
-            assert min(len(a.bodies), len(b.bodies), len(c.bodies)) >= 1
+            assert (len(primary.bodies), len(fallback.bodies)) == (3, 0)
+            primary.health_status = 503
+            await wait_health(engine, EngineState.DEGRADED)
+            for _ in range(2):
+                await collect(engine, image_request())
+            assert (len(primary.bodies), len(fallback.bodies)) == (3, 2)
+            primary.health_status = 200
+            await wait_health(engine, EngineState.READY)
+            await collect(engine, image_request())
+            assert (len(primary.bodies), len(fallback.bodies)) == (4, 2)
     run(body())
 
 
-def test_full_endpoints_raise_overloaded() -> None:
+def test_a_router_is_judged_by_readiness_a_server_by_health() -> None:
     async def body() -> None:
-        async with FakeServer(good_chat()) as fake, \
-                engine_for(fake_cfg(fake, max_in_flight=1)) as engine:
-            engine._endpoints[0].in_flight = 1
-            with pytest.raises(OverloadedError):
-                await collect(engine, image_request())
-    run(body())
-
-
-def test_unhealthy_endpoint_is_skipped_and_health_is_degraded() -> None:
-    async def body() -> None:
-        async with FakeServer(good_chat(), health_status=503) as sick, \
-                FakeServer(good_chat()) as well, engine_for(fake_cfg(sick, well)) as engine:
-            assert (await engine.health()).state == EngineState.DEGRADED
-            for _ in range(3):
-                await collect(engine, image_request())
-            assert sick.bodies == [] and len(well.bodies) == 3
-            sick.health_status = 200
-            for _ in range(100):
-                if (await engine.health()).state == EngineState.READY:
-                    break
-                await asyncio.sleep(0.05)
+        # vllm-router answers /health 503 while any one backend is down; /readiness 200 while
+        # one is up. Judged by /health, a working router would lose its requests.
+        async with FakeServer(good_chat(), health_status=503, readiness_status=200) as router, \
+                FakeServer(good_chat()) as onboard, \
+                engine_for(fake_cfg(router, onboard)) as engine:
             assert (await engine.health()).state == EngineState.READY
+            await collect(engine, image_request())
+            assert (len(router.bodies), len(onboard.bodies)) == (1, 0)
+            router.readiness_status = 503  # no backend left behind the router
+            await wait_health(engine, EngineState.DEGRADED)
+            assert "GET /readiness returned HTTP 503" in (await engine.health()).detail
+            await collect(engine, image_request())
+            assert (len(router.bodies), len(onboard.bodies)) == (1, 1)
+    run(body())
+
+
+def test_health_routes_closed_to_us_do_not_make_a_server_down() -> None:
+    async def body() -> None:
+        # A proxy answering 401 on /readiness and /health: reachable; its requests will say
+        # what is wrong (an API key), not "down".
+        async with FakeServer(status_chat(401, "Unauthorized"), health_status=401,
+                              readiness_status=401) as proxy, \
+                engine_for(fake_cfg(proxy)) as engine:
+            assert (await engine.health()).state == EngineState.READY
+            with pytest.raises(EngineUnavailableError, match="API key rejected"):
+                await collect(engine, image_request())
+    run(body())
+
+
+def test_session_key_goes_in_the_routing_header_of_every_request() -> None:
+    async def body() -> None:
+        async with FakeServer(good_chat()) as fake, engine_for(fake_cfg(fake)) as engine:
+            await collect(engine, image_request(session_key="/robot7/cosmos_reason/front"))
+            await collect(engine, image_request())  # no key: no header
+            assert fake.headers[0]["X-Session-ID"] == "/robot7/cosmos_reason/front"
+            assert "X-Session-ID" not in fake.headers[1]
+        async with FakeServer(good_chat()) as fake, \
+                engine_for(fake_cfg(fake, session_header="X-User-ID")) as engine:
+            await collect(engine, image_request(session_key="front"))
+            assert fake.headers[0]["X-User-ID"] == "front"
+            assert "X-Session-ID" not in fake.headers[0]
+        async with FakeServer(good_chat()) as fake, \
+                engine_for(fake_cfg(fake, session_header="")) as engine:
+            await collect(engine, image_request(session_key="front"))
+            assert "front" not in str(dict(fake.headers[0]))
+    run(body())
+
+
+def test_model_not_served_is_named_at_start_and_a_url_serving_it_is_used() -> None:
+    async def body() -> None:
+        async with FakeServer(good_chat()) as fake:
+            engine = OpenAIServerEngine(fake_cfg(fake, model="cosmos-reason2-8b"))
+            try:
+                with pytest.raises(EngineUnavailableError) as info:
+                    await engine.start()
+                assert "does not serve model 'cosmos-reason2-8b' (engine.model)" in \
+                    str(info.value) and "fake-model" in str(info.value)
+            finally:
+                await engine.close()
+        async with FakeServer(good_chat()) as wrong, FakeServer(good_chat()) as right:
+            wrong.models = ["another-model"]
+            async with engine_for(fake_cfg(wrong, right, model="fake-model")) as engine:
+                await collect(engine, image_request())
+                assert (len(wrong.bodies), len(right.bodies)) == (0, 1)
+                assert right.bodies[0]["model"] == "fake-model"
     run(body())
 
 
@@ -714,8 +729,8 @@ def test_server_ignoring_max_tokens_ends_with_length_and_a_disconnect(
                 assert late < 1.0
             warnings = overrun_warnings(caplog)
             assert len(warnings) == 1 and fake.base in warnings[0], warnings
-            # Not a failure of the endpoint: it stays up and serves the next request.
-            assert engine._endpoints[0].up is True
+            # Not a failure of the server: it stays up and serves the next request.
+            assert engine._servers[0].up is True
     run(body())
 
 
@@ -820,6 +835,7 @@ def test_prefilled_frame_is_served_from_the_server_prefix_cache(
     assert (control_cached or 0) < goal_cached
 
 
+@pytest.mark.engine
 def test_streams_text_for_an_image_question(server: VllmServer, key_env: str) -> None:
     async def body() -> None:
         async with engine_for(cfg(server.base)) as engine:
@@ -911,7 +927,7 @@ def test_video_clip_is_sent_as_mp4_and_reaches_the_model(server: VllmServer,
             assert chunks[-1].finish_reason in (FinishReason.STOP, FinishReason.LENGTH)
             assert chunks[-1].prompt_tokens is not None and without[-1].prompt_tokens
             assert chunks[-1].prompt_tokens > without[-1].prompt_tokens + 20
-            assert engine._mp4_ok  # sent as a video, not as the frames fallback
+            assert engine._encoder.mp4_ok  # sent as a video, not as the frames fallback
     run(body())
 
 
@@ -974,7 +990,7 @@ def test_cancel_stops_the_request_on_the_server(server: VllmServer, key_env: str
 
 
 @pytest.mark.engine
-def test_one_endpoint_down_requests_go_to_the_other(server: VllmServer, key_env: str) -> None:
+def test_primary_down_the_fallback_serves(server: VllmServer, key_env: str) -> None:
     dead = f"http://127.0.0.1:{free_port()}/v1"
 
     async def body() -> None:
@@ -985,35 +1001,35 @@ def test_one_endpoint_down_requests_go_to_the_other(server: VllmServer, key_env:
                 chunks = await collect(engine, image_request(max_tokens=4))
                 assert chunks[-1].finish_reason in (FinishReason.STOP, FinishReason.LENGTH)
             # (the warm-up request counts too)
-            assert engine._endpoints[0].served == 0 and engine._endpoints[1].served >= 3
+            assert engine._servers[0].served == 0 and engine._servers[1].served >= 3
     run(body())
 
 
 @pytest.mark.engine
-def test_unprobed_dead_endpoint_fails_over_on_connection_refused(server: VllmServer,
-                                                                 key_env: str) -> None:
+def test_unprobed_dead_primary_moves_on_at_connection_refused(server: VllmServer,
+                                                              key_env: str) -> None:
     dead = f"http://127.0.0.1:{free_port()}/v1"
 
     async def body() -> None:
         engine = OpenAIServerEngine(cfg(dead, server.base, model="tiny", health_period_s=60))
         try:
             # No start(): the first request races the first health probe, so the dead
-            # endpoint may still be "unknown" and be tried; it must fail over either way.
+            # primary may still be "unknown" and be tried; it must move on either way.
             chunks = await collect(engine, image_request(max_tokens=4))
             assert chunks[-1].finish_reason in (FinishReason.STOP, FinishReason.LENGTH)
-            assert engine._endpoints[0].up is False
+            assert engine._servers[0].up is False
         finally:
             await engine.close()
     run(body())
 
 
-def test_all_endpoints_down_fails_fast() -> None:
+def test_all_urls_down_fails_fast() -> None:
     dead = [f"http://127.0.0.1:{free_port()}/v1" for _ in range(2)]
 
     async def body() -> None:
         engine = OpenAIServerEngine(cfg(*dead, start_timeout_s=1.0))
         try:
-            with pytest.raises(EngineUnavailableError, match="no endpoint became healthy"):
+            with pytest.raises(EngineUnavailableError, match="no URL became healthy"):
                 await engine.start()
             assert (await engine.health()).state == EngineState.UNAVAILABLE
             t0 = time.monotonic()
@@ -1122,7 +1138,7 @@ def test_server_up_late_is_used_then_sigkill_mid_stream_is_unavailable(
             print(f"SIGKILL mid-stream -> {type(info.value).__name__} after {took:.2f}s: "
                   f"{info.value}")
             assert received >= 20 and took < 2.0
-            assert (await engine.health()).state == EngineState.UNAVAILABLE
+            await wait_health(engine, EngineState.UNAVAILABLE)  # the health loop notices
         finally:
             await engine.close()
 

@@ -6,12 +6,14 @@ own chat template and tokenizer, not only as messages.
 
 import numpy as np
 import pytest
-from transformers import AutoTokenizer
 
-from cosmos_reason_ros.core import query
-from cosmos_reason_ros.core.models import PROFILES
-from cosmos_reason_ros.core.types import Task
-from cosmos_reason_ros.engines.vllm_local import _template_messages
+# The model's own tokenizer (transformers comes with vLLM; the jazzy-py310 venv has neither).
+AutoTokenizer = pytest.importorskip("transformers", reason="needs transformers (vLLM's)"
+                                    ).AutoTokenizer
+from cosmos_reason_ros.core import query  # noqa: E402
+from cosmos_reason_ros.core.models import PROFILES  # noqa: E402
+from cosmos_reason_ros.core.types import Task  # noqa: E402
+from cosmos_reason_ros.engines.vllm_local import _template_messages  # noqa: E402
 
 CASES = [("qwen3_vl", "cosmos_reason2"), ("qwen2_5_vl", "cosmos_reason1")]
 

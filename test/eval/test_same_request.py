@@ -32,8 +32,12 @@ MAX_TOKENS = 16
 
 
 def comparable(request):
-    """Every field of a ChatRequest but its id, with pixel arrays as bytes."""
-    fields = dataclasses.asdict(dataclasses.replace(request, request_id=""))
+    """Every field of a ChatRequest but its id and routing key, with pixel arrays as bytes.
+
+    The routing key says who asks (the node's name; offline replay has none), not what the
+    model sees.
+    """
+    fields = dataclasses.asdict(dataclasses.replace(request, request_id="", session_key=""))
     fields["images"] = [(img.shape, img.tobytes()) for img in request.images]
     return fields
 
@@ -98,3 +102,56 @@ def test_node_replay_and_bench_build_identical_requests(tiny_qwen3_vl, tmp_path)
     assert from_node.sampling.ignore_eos and from_node.sampling.temperature == 0.0
     assert comparable(from_node) == comparable(from_replay)
     assert comparable(from_node) == comparable(from_bench)
+
+
+def test_node_and_replay_build_identical_two_camera_requests(tiny_qwen3_vl, tmp_path):
+    # The demo recording's two cameras: the colour Image and the smaller compressed wrist view.
+    bag = demo_recording.write_recording(tmp_path / "bag", demo_recording.RecordingParams(
+        width=320, height=240, duration_s=1.0, storage="sqlite3", depth=False))
+    info = bagio.bag_info(bag)
+    cameras = {"front": demo_recording.IMAGE_TOPIC, "wrist": demo_recording.WRIST_TOPIC}
+    first = {}
+    for topic, _type, _t, data in bagio.messages(bag, list(cameras.values())):
+        first.setdefault(topic, data)
+    params = {"engine.model": str(tiny_qwen3_vl), "model.family": "auto",
+              "limits.max_tokens": 1024, "image.max_age_s": 0.0,
+              "cameras.names": list(cameras), "cameras.inputs": ["raw", "compressed"]}
+    from sensor_msgs.msg import CompressedImage
+
+    node = InProcessNode(params)
+    try:
+        wrist = node.side.node.create_publisher(CompressedImage, "/wrist/image/compressed", 10)
+        assert node.side.wait_matched(wrist, 10.0)
+        node.camera.publish(first[cameras["front"]])  # the recorded CDR bytes
+        wrist.publish(first[cameras["wrist"]])
+        node.wait_frames(1, camera="front")
+        node.wait_frames(1, camera="wrist")
+        status, result = node.ask(prompt=PROMPT, max_tokens=MAX_TOKENS, greedy=True,
+                                  cameras=["wrist", "front"])
+        assert status == GoalStatus.STATUS_SUCCEEDED, result.error_message
+        from_node = node.engine.requests[0]
+    finally:
+        node.close()
+
+    preset = tmp_path / "preset.yaml"
+    preset.write_text(yaml.safe_dump({"/**": {"ros__parameters":
+                                              node.node.params.to_values()}}))
+    scenario = tmp_path / "scenario.yaml"
+    scenario.write_text(yaml.safe_dump({"queries": [{
+        "name": "q", "at": [0.0], "prompt": PROMPT, "max_tokens": MAX_TOKENS, "greedy": True,
+        "cameras": ["wrist", "front"]}]}))
+    schedule = build_schedule(load_scenario(scenario), info.duration_s)
+    offline_engine = FakeEngine()
+    runner = OfflineRunner(ReplayConfig(bag=bag, scenario=scenario, out=tmp_path / "out",
+                                        mode="offline", preset=str(preset), cameras=cameras),
+                           engine=offline_engine)
+    try:
+        records = []
+        runner.run(schedule, info, cameras["front"],
+                   type("Rec", (), {"add": lambda _s, *a: records.append(a)})(), lambda: None)
+    finally:
+        runner.close()
+    assert records[0][1] == "succeeded", records[0]
+    from_replay = offline_engine.requests[0]
+    assert len(from_node.images) == 2
+    assert comparable(from_node) == comparable(from_replay)

@@ -33,7 +33,7 @@ GOALS = 20
 @pytest.fixture(scope="module")
 def node():
     proc = NodeProcess("cpu_demo", {"engine.kind": "openai", "model.family": "qwen3_vl",
-                                    "engine.endpoints": ["http://127.0.0.1:9/v1"],
+                                    "engine.url": "http://127.0.0.1:9/v1",
                                     "engine.start_timeout_s": 1.0,
                                     "limits.result_keep_s": KEEP_S})
     proc.wait_ready(120)

@@ -533,7 +533,7 @@ def test_parameters_of_the_wrong_type_stop_the_node_naming_each(tiny_qwen3_vl):
                                     "cosmos_reason:limits.max_tokens": "lots",
                                     "cosmos_reason:image.max_age_s": "true",
                                     "cosmos_reason:periodic.enabled": 3,
-                                    "cosmos_reason:engine.endpoints": 5})
+                                    "cosmos_reason:engine.fallback_urls": 5})
     try:
         assert proc.proc.wait(60) == 2, proc.output[-2000:]
     finally:
@@ -542,5 +542,5 @@ def test_parameters_of_the_wrong_type_stop_the_node_naming_each(tiny_qwen3_vl):
     assert "limits.max_tokens='lots': expected int" in out
     assert "image.max_age_s=True: expected float" in out
     assert "periodic.enabled=3: expected bool" in out
-    assert "engine.endpoints=5: expected list" in out
+    assert "engine.fallback_urls=5: expected list" in out
     assert "ready:" not in out

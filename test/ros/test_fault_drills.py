@@ -6,19 +6,10 @@ keeps serving; the figures printed here are the ones docs/RELIABILITY.md reports
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
-import socket
 import statistics
-import subprocess
-import sys
-import tempfile
 import threading
 import time
-import urllib.request
 import uuid
-from pathlib import Path
 
 import psutil
 import pytest
@@ -34,6 +25,7 @@ from node_process import (  # noqa: E402
     scene,
 )
 from sensor_msgs.msg import Image  # noqa: E402
+from servers import VllmServer, free_port  # noqa: E402
 from spun_node import SpunNode  # noqa: E402
 
 from cosmos_reason_interfaces.action import Reason  # noqa: E402
@@ -140,54 +132,6 @@ SECRET = f"sk-drill-{uuid.uuid4().hex}"
 KEY_ENV = "COSMOS_DRILL_API_KEY"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class VllmServer:
-    """``python -m vllm.entrypoints.openai.api_server`` on the tiny model, own process group."""
-
-    def __init__(self, model: Path, port: int, api_key: str) -> None:
-        self.root = f"http://127.0.0.1:{port}"
-        self.log = Path(tempfile.mkstemp(prefix="drill_vllm_", suffix=".log")[1])
-        args = [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-                "--model", str(model), "--served-model-name", "tiny", "--host", "127.0.0.1",
-                "--port", str(port), "--enforce-eager", "--max-model-len", "4096",
-                "--max-num-seqs", "8", "--reasoning-parser", "qwen3",
-                "--structured-outputs-config",
-                '{"backend":"guidance","disable_any_whitespace":true}',
-                "--disable-uvicorn-access-log", "--api-key", api_key]
-        env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1")  # in-process core: starts faster
-        with open(self.log, "wb") as log:
-            self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                         start_new_session=True)
-
-    def wait_healthy(self, timeout_s: float = 420.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError("vllm server exited:\n" + self.log.read_text()[-3000:])
-            with contextlib.suppress(OSError):
-                with urllib.request.urlopen(self.root + "/health", timeout=2) as r:
-                    if r.status == 200:
-                        return
-            time.sleep(0.5)
-        raise TimeoutError("vllm server not healthy:\n" + self.log.read_text()[-3000:])
-
-    def kill(self) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(30)
-
-    def stop(self) -> None:
-        self.kill()
-        with contextlib.suppress(OSError):
-            self.log.unlink()
-
-
 def timed(io: IO, goal: Goal) -> tuple[float, object]:
     t0 = time.monotonic()
     result = io.client.run(goal, 120)
@@ -197,7 +141,7 @@ def timed(io: IO, goal: Goal) -> tuple[float, object]:
 def test_remote_server_down_then_up_then_killed_mid_stream(tiny_qwen3_vl):
     port = free_port()
     node = NodeProcess("remote_server", {
-        "engine.endpoints": [f"http://127.0.0.1:{port}/v1"], "engine.api_key_env": KEY_ENV,
+        "engine.url": f"http://127.0.0.1:{port}/v1", "engine.api_key_env": KEY_ENV,
         "engine.start_timeout_s": 2.0, "engine.connect_timeout_s": 1.0,
         "engine.read_timeout_s": 10.0, "diagnostics.period_s": 0.5, **ENDLESS_LIMITS},
         env={KEY_ENV: SECRET})
@@ -216,7 +160,7 @@ def test_remote_server_down_then_up_then_killed_mid_stream(tiny_qwen3_vl):
               f"({down[0][1].error_message})")
         assert statistics.median(t for t, _ in down) < 2.0
 
-        server = VllmServer(tiny_qwen3_vl, port, SECRET)
+        server = VllmServer(tiny_qwen3_vl, port, api_key=SECRET)
         t0 = time.monotonic()
         server.wait_healthy()
         t_up = time.monotonic()

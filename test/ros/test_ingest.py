@@ -31,7 +31,7 @@ NAME, TOPIC = "front_reasoner", "/front/image_raw"
 @pytest.fixture(scope="module")
 def renamed_node():
     proc = NodeProcess("cpu_demo", {"engine.kind": "openai", "model.family": "qwen3_vl",
-                                    "engine.endpoints": ["http://127.0.0.1:9/v1"],
+                                    "engine.url": "http://127.0.0.1:9/v1",
                                     "engine.start_timeout_s": 1.0,
                                     "image.qos_reliability": "reliable",
                                     "diagnostics.period_s": 0.2},

@@ -177,6 +177,18 @@ def test_unknown_parameter_names_stop_the_node_listing_them(ros, tmp_path, where
         ros.load(args)
 
 
+def test_a_removed_parameter_stops_the_node_naming_its_replacement(ros, tmp_path):
+    # engine.endpoints (several servers, least-busy) became engine.url + engine.fallback_urls:
+    # an old preset must not start with the default URL instead of the user's servers.
+    path = write(tmp_path, "/**:\n  ros__parameters:\n    engine:\n      kind: openai\n"
+                 "      endpoints: ['http://gpu:8000/v1']\n")
+    with pytest.raises(ConfigError, match=r"unknown parameter\(s\) for node /cosmos_reason: "
+                                          r"engine\.endpoints; engine\.endpoints was replaced "
+                                          r"by engine\.url \(the server or router\) plus "
+                                          r"engine\.fallback_urls"):
+        ros.load(ros_args(path))
+
+
 def test_ros_own_parameters_are_not_unknown(ros, tmp_path):
     path = write(tmp_path, "/**:\n  ros__parameters:\n    use_sim_time: true\n    limits:\n"
                  "      max_tokens: 77\n")
@@ -296,7 +308,7 @@ def robot1():
     # No server at the endpoint: the node is ready after start_timeout_s (goals would fail
     # with ENGINE_UNAVAILABLE; none are sent here).
     proc = NodeProcess("remote_server", {
-        "engine.endpoints": [f"http://127.0.0.1:{_closed_port()}/v1"],
+        "engine.url": f"http://127.0.0.1:{_closed_port()}/v1",
         "engine.start_timeout_s": 1.0}, remaps=["__ns:=/robot1"])
     side = None
     try:

@@ -66,10 +66,14 @@ def test_constant_bounds_are_finite_and_positive():
 
 def test_no_parameter_holds_a_key():
     # The key is never a parameter value: only the NAME of the variable that holds it.
-    suspicious = [n for n in PARAMS_BY_NAME
-                  if any(w in n for w in ("key", "secret", "password", "credential"))]
+    # engine.session_key is a routing key sent in a header for session affinity (robot and
+    # camera names), public by design: not a credential.
+    routing = {"engine.session_key"}
+    suspicious = [n for n in PARAMS_BY_NAME if n not in routing
+                  and any(w in n for w in ("key", "secret", "password", "credential"))]
     assert suspicious == ["engine.api_key_env"]
     assert "NAME" in PARAMS_BY_NAME["engine.api_key_env"].description
+    assert all("routing key" in PARAMS_BY_NAME[n].description for n in routing)
 
 
 # --- live: the node process with the openai engine (no model to load) ------------------------
@@ -146,7 +150,7 @@ def test_key_goes_only_into_the_authorization_header():
 
     server = RecordingServer()
     node = NodeProcess("remote_server", {
-        "engine.endpoints": [f"http://127.0.0.1:{server.port}/v1"],
+        "engine.url": f"http://127.0.0.1:{server.port}/v1",
         "engine.api_key_env": KEY_ENV, "engine.model": "tiny", "engine.start_timeout_s": 2.0,
         "diagnostics.period_s": 0.2}, env={KEY_ENV: SECRET})
     context = rclpy.context.Context()

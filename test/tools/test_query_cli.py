@@ -88,3 +88,24 @@ def test_help_tells_the_two_timeouts_apart(capsys: pytest.CaptureFixture[str]) -
     assert "--goal-timeout S the goal's own limit (its timeout_s)" in text
     assert "--timeout S how long this command waits" in text
     assert "0 (default) = the node's limits.goal_timeout_s" in text
+
+
+def test_cameras_go_into_the_goal_in_the_order_given(fake_client) -> None:
+    assert query.main(["--prompt", "q", "--cameras", "wrist, front", "--quiet"]) == 0
+    ((goal, _),) = fake_client.calls
+    assert list(goal.cameras) == ["wrist", "front"]
+    assert query.main(["--prompt", "q", "--quiet"]) == 0
+    assert list(fake_client.calls[-1][0].cameras) == []  # the node's default camera
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--cameras", "front,,wrist"], "--cameras 'front,,wrist': an empty name"),
+    (["--cameras", "front", "--image", "x.jpg"], "give one of them"),
+])
+def test_bad_cameras_are_usage_errors(fake_client, capsys: pytest.CaptureFixture[str],
+                                      argv: list[str], words: str) -> None:
+    with pytest.raises(SystemExit) as e:
+        query.main(["--prompt", "q", *argv])
+    assert e.value.code == 2
+    assert words in capsys.readouterr().err
+    assert not fake_client.calls
