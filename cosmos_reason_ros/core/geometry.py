@@ -17,8 +17,9 @@ anything with a NaN or infinite coordinate is dropped. Each fix is reported in t
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
+from typing import TypeVar
 
 from cosmos_reason_ros.core.types import (
     BadImageError,
@@ -222,6 +223,9 @@ def camera_of(
     return None
 
 
+_Item = TypeVar("_Item", Box, Point, Trajectory)
+
+
 def map_answer_by_camera(
     parsed: ParsedAnswer,
     geometries: Mapping[str, ImageGeometry],
@@ -242,32 +246,27 @@ def map_answer_by_camera(
     if not names:
         raise BadImageError("map_answer_by_camera needs at least one camera geometry")
 
-    def camera(item: Box | Point | Trajectory, what: str) -> str | None:
-        return names[0] if len(names) == 1 else camera_of(item.camera, names, problems, what)
+    def mapped(items: Sequence[_Item], what: str,
+               map_one: Callable[..., _Item | None]) -> list[tuple[str, _Item]]:
+        """Each item mapped with its camera's geometry, with that camera's name."""
+        out = []
+        for i, item in enumerate(items, start=1):
+            label = f"{what} {i}"
+            name = names[0] if len(names) == 1 else camera_of(item.camera, names, problems,
+                                                                label)
+            if name is None:
+                continue
+            result = map_one(item, geometries[name], convention, problems, name=label)
+            if result is not None:
+                out.append((name, result))
+        return out
 
-    boxes: list[Box] = []
-    for i, box in enumerate(parsed.boxes, start=1):
-        name = camera(box, f"box {i}")
-        mapped = None if name is None else map_box(
-            box, geometries[name], convention, problems, name=f"box {i}")
-        if mapped is not None:
-            boxes.append(replace(mapped, camera=name or ""))
-    points: list[Point] = []
-    for i, point in enumerate(parsed.points, start=1):
-        name = camera(point, f"point {i}")
-        mapped_point = None if name is None else map_point(
-            point, geometries[name], convention, problems, name=f"point {i}")
-        if mapped_point is not None:
-            points.append(replace(mapped_point, camera=name or ""))
-    trajectories: list[Trajectory] = []
-    for i, trajectory in enumerate(parsed.trajectories, start=1):
-        name = camera(trajectory, f"trajectory {i}")
-        mapped_path = None if name is None else map_trajectory(
-            trajectory, geometries[name], convention, problems, name=f"trajectory {i}")
-        if mapped_path is not None and name is not None:
-            trajectories.append(replace(
-                mapped_path, camera=name,
-                points=tuple(replace(p, camera=name) for p in mapped_path.points)))
+    boxes = [replace(b, camera=name) for name, b in mapped(parsed.boxes, "box", map_box)]
+    points = [replace(p, camera=name)
+              for name, p in mapped(parsed.points, "point", map_point)]
+    trajectories = [replace(t, camera=name, points=tuple(replace(p, camera=name)
+                                                         for p in t.points))
+                    for name, t in mapped(parsed.trajectories, "trajectory", map_trajectory)]
     return tuple(boxes), tuple(points), tuple(trajectories)
 
 
