@@ -42,6 +42,30 @@ def comparable(request):
     return fields
 
 
+def replayed_request(tmp_path, node, bag, info, image_topic, query, **config):
+    """Replay the bag offline with the node's parameters and one query; its engine request."""
+    preset = tmp_path / "preset.yaml"
+    preset.write_text(yaml.safe_dump({"/**": {"ros__parameters":
+                                              node.node.params.to_values()}}))
+    scenario = tmp_path / "scenario.yaml"
+    scenario.write_text(yaml.safe_dump({"queries": [{
+        "name": "q", "at": [0.0], "prompt": PROMPT, "max_tokens": MAX_TOKENS, "greedy": True,
+        **query}]}))
+    schedule = build_schedule(load_scenario(scenario), info.duration_s)
+    offline_engine = FakeEngine()
+    runner = OfflineRunner(ReplayConfig(bag=bag, scenario=scenario, out=tmp_path / "out",
+                                        mode="offline", preset=str(preset), **config),
+                           engine=offline_engine)
+    try:
+        records = []
+        runner.run(schedule, info, image_topic,
+                   type("Rec", (), {"add": lambda _s, *a: records.append(a)})(), lambda: None)
+    finally:
+        runner.close()
+    assert records[0][1] == "succeeded", records[0]
+    return offline_engine.requests[0]
+
+
 def test_node_replay_and_bench_build_identical_requests(tiny_qwen3_vl, tmp_path):
     bag = demo_recording.write_recording(tmp_path / "bag", demo_recording.RecordingParams(
         width=320, height=240, duration_s=1.0, storage="sqlite3"))
@@ -63,26 +87,7 @@ def test_node_replay_and_bench_build_identical_requests(tiny_qwen3_vl, tmp_path)
     finally:
         node.close()
 
-    preset = tmp_path / "preset.yaml"
-    preset.write_text(yaml.safe_dump({"/**": {"ros__parameters":
-                                              node.node.params.to_values()}}))
-    scenario = tmp_path / "scenario.yaml"
-    scenario.write_text(yaml.safe_dump({"queries": [{
-        "name": "q", "at": [0.0], "prompt": PROMPT, "max_tokens": MAX_TOKENS,
-        "greedy": True}]}))
-    schedule = build_schedule(load_scenario(scenario), info.duration_s)
-    offline_engine = FakeEngine()
-    runner = OfflineRunner(ReplayConfig(bag=bag, scenario=scenario, out=tmp_path / "out",
-                                        mode="offline", preset=str(preset)),
-                           engine=offline_engine)
-    try:
-        records = []
-        runner.run(schedule, info, demo_recording.IMAGE_TOPIC,
-                   type("Rec", (), {"add": lambda _s, *a: records.append(a)})(), lambda: None)
-    finally:
-        runner.close()
-    assert records[0][1] == "succeeded", records[0]
-    from_replay = offline_engine.requests[0]
+    from_replay = replayed_request(tmp_path, node, bag, info, demo_recording.IMAGE_TOPIC, {})
 
     from cosmos_reason_ros.bench.engine_side import EngineBench
 
@@ -133,25 +138,7 @@ def test_node_and_replay_build_identical_two_camera_requests(tiny_qwen3_vl, tmp_
     finally:
         node.close()
 
-    preset = tmp_path / "preset.yaml"
-    preset.write_text(yaml.safe_dump({"/**": {"ros__parameters":
-                                              node.node.params.to_values()}}))
-    scenario = tmp_path / "scenario.yaml"
-    scenario.write_text(yaml.safe_dump({"queries": [{
-        "name": "q", "at": [0.0], "prompt": PROMPT, "max_tokens": MAX_TOKENS, "greedy": True,
-        "cameras": ["wrist", "front"]}]}))
-    schedule = build_schedule(load_scenario(scenario), info.duration_s)
-    offline_engine = FakeEngine()
-    runner = OfflineRunner(ReplayConfig(bag=bag, scenario=scenario, out=tmp_path / "out",
-                                        mode="offline", preset=str(preset), cameras=cameras),
-                           engine=offline_engine)
-    try:
-        records = []
-        runner.run(schedule, info, cameras["front"],
-                   type("Rec", (), {"add": lambda _s, *a: records.append(a)})(), lambda: None)
-    finally:
-        runner.close()
-    assert records[0][1] == "succeeded", records[0]
-    from_replay = offline_engine.requests[0]
+    from_replay = replayed_request(tmp_path, node, bag, info, cameras["front"],
+                                   {"cameras": ["wrist", "front"]}, cameras=cameras)
     assert len(from_node.images) == 2
     assert comparable(from_node) == comparable(from_replay)
