@@ -215,13 +215,15 @@ class ReasonClient:
             context = self._own_context = Context()
             rclpy.init(context=context)
         self.node: Node = rclpy.create_node(node_name, context=context)
-        # Deep request queues, like the node's: the default (10) drops bursts of goals.
+        # Deep request and feedback queues, like the node's: the default (10) drops bursts of
+        # goals, and a goal's one-off feedback stages behind other goals' token feedback.
         requests_qos = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=256,
                                   reliability=ReliabilityPolicy.RELIABLE)
         self._client = ActionClient(self.node, Reason, action_name,
                                     goal_service_qos_profile=requests_qos,
                                     result_service_qos_profile=requests_qos,
-                                    cancel_service_qos_profile=requests_qos)
+                                    cancel_service_qos_profile=requests_qos,
+                                    feedback_sub_qos_profile=requests_qos)
         self._executor = SingleThreadedExecutor(context=self.node.context)
         self._executor.add_node(self.node)
         # Goals waiting for the server; filled by submit(), sent or expired by the spin thread.

@@ -60,7 +60,7 @@ from cosmos_reason_ros.ros.target_frame import TargetFrame
 from cosmos_reason_ros.ros.workers import PeriodicRuns, PrefillWorker
 
 NODE_NAME = "cosmos_reason"
-ACTION_QUEUE_DEPTH = 256  # goal/result/cancel requests buffered per action service
+ACTION_QUEUE_DEPTH = 256  # requests and feedback messages buffered per action service/topic
 Feedback = Reason.Feedback
 
 
@@ -178,7 +178,9 @@ class ReasonNode(Node):
             self.get_logger().warning(f"engine not ready at start ({e.message}); serving "
                                       f"goals with ENGINE_UNAVAILABLE until it is")
         # The default service QoS keeps only 10 requests: a burst of goals beyond that is
-        # dropped by DDS before the node ever sees it (never answered, never rejected).
+        # dropped by DDS before the node ever sees it (never answered, never rejected). All
+        # goals share one feedback topic: with depth 10, a client 10 messages behind loses a
+        # goal's one-off stages (queued, waiting_for_image) under other goals' token feedback.
         requests_qos = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=ACTION_QUEUE_DEPTH,
                                   reliability=ReliabilityPolicy.RELIABLE)
         self._action_server = ActionServer(
@@ -186,7 +188,7 @@ class ReasonNode(Node):
             goal_callback=self._on_goal, cancel_callback=lambda _: CancelResponse.ACCEPT,
             callback_group=ReentrantCallbackGroup(), goal_service_qos_profile=requests_qos,
             result_service_qos_profile=requests_qos, cancel_service_qos_profile=requests_qos,
-            result_timeout=p.limits.result_keep_s)
+            feedback_pub_qos_profile=requests_qos, result_timeout=p.limits.result_keep_s)
         timer_group = MutuallyExclusiveCallbackGroup()
         self.create_timer(p.diagnostics.period_s, self._publish_diagnostics,
                           callback_group=timer_group)

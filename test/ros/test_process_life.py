@@ -275,7 +275,10 @@ class IO:
                 reached.set()
 
         handle = self.client.submit(goal, on_feedback)
-        assert reached.wait(120), f"the goal never reached stage {stage!r}"
+        handle.future.add_done_callback(lambda _f: reached.set())  # ended early: say how
+        assert reached.wait(120) and not handle.future.done(), (
+            f"the goal never reached stage {stage!r}: "
+            f"{handle.future.result(0) if handle.future.done() else 'still running'}")
         return handle
 
     def published(self, goal_ids: set[str], timeout_s: float) -> dict[str, ReasoningResult]:
