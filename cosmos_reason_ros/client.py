@@ -344,11 +344,13 @@ class ReasonClient:
                 future.set_exception(e)
                 return
             if not ros_handle.accepted:
-                # The node rejects only when its goal bounds are full (or it is stopping).
+                # The node rejects only when its goal bounds are full, it is stopping, or (a
+                # managed node) it is not active; the node's ~/results message says which.
                 msg = ReasoningResult(error_code=ErrorCode.OVERLOADED.value,
                                       error_message="goal rejected by the node: too many goals "
                                       "running and queued (limits.max_concurrent_goals + "
-                                      "limits.max_queued_goals), or shutting down")
+                                      "limits.max_queued_goals), shutting down, or a managed "
+                                      "node not active (see its ~/results)")
                 future.set_result(ReasonResult.from_message("rejected", msg))
                 return
             handle._attach(ros_handle)

@@ -11,10 +11,13 @@ r"""Start the cosmos_reason node with a config preset.
         camera_info_topic:=/camera/color/camera_info
     ros2 launch cosmos_reason_ros cosmos_reason.launch.py config:=x86_gpu \
         cameras:=front=/front/image_raw,wrist=/wrist/image_raw
+    ros2 launch cosmos_reason_ros cosmos_reason.launch.py config:=x86_gpu lifecycle:=true
 
 `config` is a preset name (a file in this package's share/config/) or a path to a parameter
 file; `model`, `engine` and `endpoint` override the preset when non-empty. Everything else is
-a parameter in the file (docs/PARAMETERS.md).
+a parameter in the file (docs/PARAMETERS.md). `lifecycle:=true` starts a managed node
+(`lifecycle.enabled`, a launch_ros LifecycleNode) that waits unconfigured for a lifecycle
+manager (docs/INTERFACES.md, "Managed (lifecycle) mode").
 """
 
 # LaunchDescription comes from its module, not `from launch import ...`: this repository's
@@ -60,6 +63,8 @@ ARGUMENTS = (
     ("namespace", "", "Namespace of the node (the preset applies in any namespace)."),
     ("use_sim_time", "false", "Use /clock (rosbag replay with --clock)."),
     ("log_level", "info", "Logging level: debug, info, warn, error, fatal."),
+    ("lifecycle", "false", "Managed (lifecycle) node: unconfigured until a lifecycle manager "
+     "(e.g. nav2_lifecycle_manager) configures and activates it (lifecycle.enabled)."),
 )
 
 
@@ -108,6 +113,9 @@ def launch_node(context, *args, **kwargs):
         overrides["engine.url"] = arg["endpoint"]
     if _is_true(arg["depth"]):
         overrides["depth.enabled"] = True
+    managed = _is_true(arg["lifecycle"])
+    if managed:
+        overrides["lifecycle.enabled"] = True
     image_topic = arg["image_topic"]
     compressed_topic = arg["compressed_topic"] or f"{image_topic.rstrip('/')}/compressed"
     remappings = [("image", image_topic), ("image/compressed", compressed_topic),
@@ -120,7 +128,10 @@ def launch_node(context, *args, **kwargs):
                                        f"{topic.rstrip('/')}/compressed"))]
         remappings += [(f"{cameras[0][0]}/depth/image", arg["depth_topic"]),
                        (f"{cameras[0][0]}/camera_info", arg["camera_info_topic"])]
-    return [Node(
+    action = Node
+    if managed:  # the same process; launch_ros's LifecycleNode also takes transition events
+        from launch_ros.actions import LifecycleNode as action
+    return [action(
         package=PACKAGE,
         executable=EXECUTABLE,
         name=NODE_NAME,

@@ -34,6 +34,34 @@ class Script:
     prompt_tokens: int = 10
 
 
+# Answers of the shape each task's prompt asks for (what the real model gives under
+# constrained decoding), keyed by a phrase of the task's template in core/tasks.py.
+TASK_ANSWERS: tuple[tuple[str, str], ...] = (
+    ("Locate the bounding box", '[{"bbox_2d": [100, 150, 400, 700], "label": "red cup"}]'),
+    ("Point to", '[{"point_2d": [250, 400], "label": "red cup"}]'),
+    ("2D trajectory", '[{"point_2d": [100, 200], "label": "gripper trajectory"}, '
+                      '{"point_2d": [300, 400], "label": "gripper trajectory"}]'),
+    ("Answer yes or no", '{"answer": "yes", "reason": "The part is in the gripper."}'),
+    ("How many", '{"count": 1}'),
+)
+
+
+def request_text(request: ChatRequest) -> str:
+    """All text of a request's messages."""
+    return "\n".join(part.text for message in request.messages for part in message.content)
+
+
+def task_answer(request: ChatRequest, text: str = "A table with a cup.") -> str:
+    """The answer a well-behaved model gives ``request``'s task (``text`` for free text)."""
+    asked = request_text(request)
+    return next((answer for phrase, answer in TASK_ANSWERS if phrase in asked), text)
+
+
+def answers_the_task(request: ChatRequest) -> Script:
+    """A script answering each task in its own shape (see ``task_answer``)."""
+    return Script(deltas=[task_answer(request)])
+
+
 class FakeEngine(Engine):
     """Answers each request per ``script``; records requests and aborts."""
 

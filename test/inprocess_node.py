@@ -7,23 +7,33 @@ diagnostics. Start-up takes milliseconds instead of an engine load.
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import rclpy
-from fake_engine import FakeEngine, Script
+from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus
+from fake_engine import FakeEngine, Script, answers_the_task
 from rclpy.action import ActionClient
 from rclpy.context import Context
 from rclpy.executors import MultiThreadedExecutor
+from rclpy.lifecycle import TransitionCallbackReturn
 from rclpy.parameter import Parameter
-from sensor_msgs.msg import Image
+from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
+from sensor_msgs.msg import CompressedImage, Image
 from spun_node import SpunNode
 
 from cosmos_reason_interfaces.action import Reason
 from cosmos_reason_interfaces.msg import ReasoningResult
+from cosmos_reason_ros.ros.lifecycle import ManagedReasonNode
 from cosmos_reason_ros.ros.node import ReasonNode
 
 # A profile that needs no checkpoint on disk (the fake engine has no tokenizer).
@@ -32,6 +42,11 @@ BASE_PARAMS: dict[str, Any] = {"engine.model": "fake-model", "model.family": "co
                                "image.wait_s": 0.3,
                                # Reliable with depth: bursts of test frames all arrive.
                                "image.qos_reliability": "reliable", "image.qos_depth": 30}
+# Deep action queues, like the package's ReasonClient: all goals share one feedback topic, and
+# with the default depth (10) a loaded client loses a goal's one-off stages behind other
+# goals' token feedback.
+ACTION_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=256,
+                        reliability=ReliabilityPolicy.RELIABLE)
 
 
 def image_msg(stamp_ns: int, width: int = 64, height: int = 48, value: int = 90,
@@ -45,34 +60,54 @@ def image_msg(stamp_ns: int, width: int = 64, height: int = 48, value: int = 90,
 
 
 class InProcessNode:
-    """A started ``ReasonNode`` on a fake engine, plus a client side on another context."""
+    """A started ``ReasonNode`` on a fake engine, plus a client side on another context.
+
+    The node serves the real names (``/cosmos_reason/reason``, ``/cosmos_reason/results``,
+    ``/diagnostics``), so the package's ``ReasonClient()`` with its defaults reaches it too.
+    The client side collects ``~/results`` (``results``) and ``/diagnostics``
+    (``diagnostics``), publishes raw frames (``publish``) and compressed ones
+    (``publish_compressed``, for ``image.input`` compressed or both).
+    """
 
     def __init__(self, params: dict[str, Any] | None = None,
                  script: Callable[[Any], Script] | None = None,
-                 engine: FakeEngine | None = None) -> None:
+                 engine: FakeEngine | None = None, managed: bool = False) -> None:
+        """``managed``: a ``ManagedReasonNode``, configured and activated as a manager would."""
         self.engine = engine or FakeEngine(script)
         self.context = Context()
         rclpy.init(context=self.context)
         overrides = [Parameter(k, value=v) for k, v in {**BASE_PARAMS, **(params or {})}.items()]
-        self.node = ReasonNode(engine=self.engine, context=self.context,
-                               parameter_overrides=overrides)
-        self.node.start()
+        self.node = (ManagedReasonNode if managed else ReasonNode)(
+            engine=self.engine, context=self.context, parameter_overrides=overrides)
+        if managed:
+            assert self.node.trigger_configure() == TransitionCallbackReturn.SUCCESS
+            assert self.node.trigger_activate() == TransitionCallbackReturn.SUCCESS
+        else:
+            self.node.start()
         self.executor = MultiThreadedExecutor(num_threads=self.node.executor_threads(),
                                               context=self.context)
         self.executor.add_node(self.node)
         self._spin = threading.Thread(target=self.executor.spin, daemon=True)
         self._spin.start()
         self.side = SpunNode("inprocess_client")
-        self.client = ActionClient(self.side.node, Reason, "/cosmos_reason/reason")
+        self.client = ActionClient(self.side.node, Reason, "/cosmos_reason/reason",
+                                   goal_service_qos_profile=ACTION_QOS,
+                                   result_service_qos_profile=ACTION_QOS,
+                                   cancel_service_qos_profile=ACTION_QOS,
+                                   feedback_sub_qos_profile=ACTION_QOS)
         # The default camera: /image, or the first named camera's /<name>/image.
         names = list({**BASE_PARAMS, **(params or {})}.get("cameras.names", []))
         self.camera = self.side.node.create_publisher(
             Image, f"/{names[0]}/image" if names else "/image", 30)
         self._named_cameras: dict[str, Any] = {names[0]: self.camera} if names else {}
+        self._compressed: dict[str | None, Any] = {}
         self.results: list[ReasoningResult] = []
+        self.diagnostics: list[DiagnosticStatus] = []  # this node's /diagnostics statuses
         self._results_cond = threading.Condition()
         self.side.node.create_subscription(ReasoningResult, "/cosmos_reason/results",
                                            self._on_result, 50)
+        self.side.node.create_subscription(DiagnosticArray, "/diagnostics",
+                                           self._on_diagnostics, 10)
         assert self.client.wait_for_server(timeout_sec=10.0), "action server not discovered"
         assert SpunNode.wait_matched(self.camera, 10.0), "camera not matched"
 
@@ -80,6 +115,19 @@ class InProcessNode:
         with self._results_cond:
             self.results.append(msg)
             self._results_cond.notify_all()
+
+    def _on_diagnostics(self, msg: DiagnosticArray) -> None:
+        with self._results_cond:
+            self.diagnostics += [s for s in msg.status if s.name.startswith("cosmos_reason:")]
+            self._results_cond.notify_all()
+
+    def next_diagnostics(self, timeout_s: float = 10.0) -> DiagnosticStatus:
+        """Wait for a ``/diagnostics`` status published after this call; return it."""
+        with self._results_cond:
+            seen = len(self.diagnostics)
+            ok = self._results_cond.wait_for(lambda: len(self.diagnostics) > seen, timeout_s)
+            assert ok, "no /diagnostics message"
+            return self.diagnostics[-1]
 
     def publish(self, stamp_ns: int | None = None, camera: str | None = None,
                 **kwargs: Any) -> int:
@@ -100,6 +148,22 @@ class InProcessNode:
             assert SpunNode.wait_matched(publisher, 10.0), f"camera {camera} not matched"
             self._named_cameras[camera] = publisher
         return self._named_cameras[camera]
+
+    def publish_compressed(self, data: bytes, stamp_ns: int | None = None,
+                           frame_id: str = "camera", fmt: str = "jpeg",
+                           camera: str | None = None) -> int:
+        """Publish compressed image bytes on ``/image/compressed`` (or the named camera's)."""
+        if camera not in self._compressed:
+            topic = f"/{camera}/image/compressed" if camera else "/image/compressed"
+            publisher = self.side.node.create_publisher(CompressedImage, topic, 30)
+            assert SpunNode.wait_matched(publisher, 10.0), f"{topic} not matched"
+            self._compressed[camera] = publisher
+        stamp = self.side.now_ns() if stamp_ns is None else stamp_ns
+        msg = CompressedImage(format=fmt, data=data)
+        msg.header.stamp.sec, msg.header.stamp.nanosec = divmod(int(stamp), 1_000_000_000)
+        msg.header.frame_id = frame_id
+        self._compressed[camera].publish(msg)
+        return stamp
 
     def wait_frames(self, count: int, timeout_s: float = 5.0, camera: str | None = None) -> None:
         """Wait until the node has received ``count`` frames (on ``camera``: that camera's)."""
@@ -155,3 +219,55 @@ def _wait_future(future: Any, timeout_s: float) -> Any:
         assert time.monotonic() < deadline, "timed out waiting for the action server"
         time.sleep(0.005)
     return future.result()
+
+
+class ServedNode:
+    """The same node on the scripted engine (``answers_the_task``), in a child process.
+
+    For tests of DDS discovery between processes: inside one process Fast DDS delivers
+    between participants without the network transport, so a client in the test process
+    would not meet the node as a planner in another process does. Goals reach it by the real
+    names (``ReasonClient()``); ``stop()`` ends it (closing its stdin).
+    """
+
+    def __init__(self, params: dict[str, Any] | None = None, timeout_s: float = 60.0) -> None:
+        here = Path(__file__).resolve().parent
+        path = os.pathsep.join([str(here.parent), str(here), os.environ.get("PYTHONPATH", "")])
+        self.proc = subprocess.Popen(
+            [sys.executable, str(here / "inprocess_node.py"), json.dumps(params or {})],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            env={**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"},
+            start_new_session=True)
+        self.lines: list[str] = []
+        ready = threading.Event()
+
+        def read() -> None:
+            assert self.proc.stdout is not None
+            for line in self.proc.stdout:
+                self.lines.append(line.rstrip("\n"))
+                if line.startswith("served node ready"):
+                    ready.set()
+            ready.set()  # exited: do not wait out the timeout
+
+        threading.Thread(target=read, daemon=True).start()
+        if not ready.wait(timeout_s) or self.proc.poll() is not None:
+            self.stop()
+            raise RuntimeError("served node did not start:\n" + "\n".join(self.lines[-40:]))
+
+    def stop(self, timeout_s: float = 20.0) -> int | None:
+        """Close its stdin (it shuts down cleanly); kill its group if it does not exit."""
+        try:
+            assert self.proc.stdin is not None
+            self.proc.stdin.close()
+            return self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            return self.proc.wait(5.0)
+
+
+if __name__ == "__main__":  # ServedNode's child: serve until stdin closes
+    served = InProcessNode(json.loads(sys.argv[1]) if len(sys.argv) > 1 else None,
+                           answers_the_task)
+    print("served node ready", flush=True)
+    sys.stdin.read()
+    served.close()

@@ -7,7 +7,12 @@ can resolve against ``HUMBLE``, an allowlist written from Humble's rclpy:
 - source: https://github.com/ros2/rclpy/tree/humble/rclpy/rclpy (``__init__.py``, ``node.py``,
   ``executors.py``, ``action/server.py``, ``action/client.py``, ``qos.py``, ``qos_event.py``,
   ``signals.py``, ``task.py``, ``clock.py``, ``time.py``, ``duration.py``, ``parameter.py``,
-  ``context.py``, ``logging.py``, ``serialization.py``, ``impl/rcutils_logger.py``);
+  ``context.py``, ``logging.py``, ``serialization.py``, ``impl/rcutils_logger.py``,
+  ``lifecycle/__init__.py``, ``lifecycle/node.py``: ``LifecycleNode(node_name, *,
+  enable_communication_interface, **kwargs)``, ``LifecycleState(label, state_id)``, the
+  ``on_configure``/``on_activate``/``on_deactivate``/``on_cleanup``/``on_shutdown``/``on_error``
+  callbacks returning ``TransitionCallbackReturn``, ``trigger_*``: rclpy 3.0 added them, so
+  Humble has them);
 - cross-checked with rclpy's CHANGELOG.rst (ros2/rclpy rclpy/CHANGELOG.rst, as stored at commit
   0216a1aa9e16c6a8ea1861d3c241a2b19909a1b5 of the jazzy branch): Humble branched at 3.3.x;
   what rolling added later is not in Humble unless backported -- e.g. ``rclpy.event_handler``
@@ -135,9 +140,11 @@ _EXECUTOR = """add_node(node); remove_node(node); get_nodes(); spin(); wake();
 _FUTURE = """result(); exception(); done(); cancelled(); cancel(); add_done_callback(callback);
     set_result(result); set_exception(exception)"""
 
-CLASSES: dict[str, _KW] = {
-    "rclpy.node.Node": _members(f"""__init__(node_name {_NODE_KW});
-        publishers; subscriptions; clients; services; timers; guards; waitables; executor;
+# node.py: Node.__init__ also sets ``_parameter_overrides`` (the overrides the node was created
+# with; private, but the same name and meaning from Foxy to Rolling: ros/config.py says why).
+_NODE_MEMBERS = _members(f"""__init__(node_name {_NODE_KW});
+        publishers; subscriptions; _parameter_overrides; clients; services; timers; guards;
+        waitables; executor;
         context; handle; default_callback_group;
         get_name(); get_namespace(); get_fully_qualified_name(); get_clock(); get_logger();
         declare_parameter(name value descriptor ignore_override);
@@ -170,7 +177,19 @@ CLASSES: dict[str, _KW] = {
         get_publisher_names_and_types_by_node(node_name node_namespace no_demangle);
         get_subscriber_names_and_types_by_node(node_name node_namespace no_demangle);
         get_service_names_and_types_by_node(node_name node_namespace);
-        get_client_names_and_types_by_node(node_name node_namespace)"""),
+        get_client_names_and_types_by_node(node_name node_namespace)""")
+
+CLASSES: dict[str, _KW] = {
+    "rclpy.node.Node": _NODE_MEMBERS,
+    # lifecycle/node.py: LifecycleNode(LifecycleNodeMixin, Node); __init__ takes Node's
+    # keywords plus enable_communication_interface.
+    "rclpy.lifecycle.LifecycleNode": {**_NODE_MEMBERS, **_members(f"""__init__(node_name
+        enable_communication_interface {_NODE_KW}); trigger_configure(); trigger_cleanup();
+        trigger_activate(); trigger_deactivate(); trigger_shutdown();
+        add_managed_entity(entity); on_configure(state); on_cleanup(state);
+        on_shutdown(state); on_activate(state); on_deactivate(state); on_error(state);
+        create_lifecycle_publisher(); destroy_lifecycle_publisher(publisher)""")},
+    "rclpy.lifecycle.LifecycleState": _members("label; state_id"),
     "rclpy.executors.Executor": _members(f"__init__(context); {_EXECUTOR}"),
     "rclpy.executors.SingleThreadedExecutor": _members(f"__init__(context); {_EXECUTOR}"),
     "rclpy.executors.MultiThreadedExecutor": _members(
@@ -322,6 +341,20 @@ def _self_attributes(cls: ast.ClassDef) -> set[str]:
     return names
 
 
+def _package_classes(root: Path = PACKAGE) -> dict[str, set[str]]:
+    """Class name -> the names it defines itself, for every class of the package.
+
+    A class deriving from one of the package's classes and an rclpy class (the lifecycle
+    node: ``ManagedReasonNode(ReasonNode, LifecycleNode)``) inherits these as its own.
+    """
+    classes: dict[str, set[str]] = {}
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ClassDef):
+                classes.setdefault(node.name, set()).update(_self_attributes(node))
+    return classes
+
+
 @dataclass
 class _ClassContext:
     """What ``self`` is inside a class body: its rclpy base, own names, typed attributes."""
@@ -329,6 +362,7 @@ class _ClassContext:
     base: str | None
     own: set[str]
     members: dict[str, str]
+    inherited: frozenset[str] = frozenset()  # names a package base class defines
 
 
 class _Scan:
@@ -344,6 +378,7 @@ class _Scan:
         self.checked: set[str] = set()  # every use found in Humble's API
         self.imports: dict[str, str] = {}  # local name -> "rclpy.x" or "rclpy.x.Name"
         self.cls: _ClassContext | None = None
+        self.package_classes: dict[str, set[str]] = {}
 
     def _bad(self, line: int, what: str) -> None:
         v = Violation(self.where, line, f"{what} is not in Humble's rclpy")
@@ -417,6 +452,8 @@ class _Scan:
         if isinstance(expr, ast.Attribute):
             if isinstance(expr.value, ast.Call) and isinstance(expr.value.func, ast.Name) \
                     and expr.value.func.id == "super" and self.cls and self.cls.base:
+                if expr.attr in self.cls.inherited:  # the package base's (e.g. __init__)
+                    return None
                 return self._member(self.cls.base, expr.attr, expr.lineno)
             base = self.resolve(expr.value, env)
             if base == "self" and self.cls is not None:
@@ -536,7 +573,12 @@ class _Scan:
             resolved = self.resolve(b, env)
             if resolved and resolved.startswith("class:"):
                 base = resolved.partition(":")[2]
-        self.cls = ctx = _ClassContext(base, _self_attributes(cls), {})
+        inherited: set[str] = set()
+        for b in cls.bases:  # names a package base class defines are this class's own too
+            if isinstance(b, ast.Name) and b.id in self.package_classes:
+                inherited |= self.package_classes[b.id]
+        self.cls = ctx = _ClassContext(base, _self_attributes(cls) | inherited, {},
+                                       frozenset(inherited))
         inner_env = {**env, "self": "self"}
         handlers: set[str] = set()
         for _ in range(2):  # twice: an attribute typed from another one (self.a = self.b.c())
@@ -577,9 +619,13 @@ class _Scan:
 def _scan(source: str, where: str) -> _Scan:
     tree = ast.parse(source)
     scan = _Scan(where)
+    scan.package_classes = _PACKAGE_CLASSES if where != "<snippet>" else {}
     scan.collect_imports(tree)
     scan.block(tree.body, {})
     return scan
+
+
+_PACKAGE_CLASSES = _package_classes()
 
 
 def scan_source(source: str, where: str = "<snippet>") -> list[Violation]:

@@ -40,7 +40,7 @@ EXPECTED_PRESETS = {"cpu_demo", "x86_gpu", "jetson_orin_nano", "jetson_orin_nx",
                     "jetson_agx_orin", "jetson_thor", "remote_server"}
 LAUNCH_ARGUMENTS = {"config", "model", "engine", "endpoint", "image_topic", "compressed_topic",
                     "depth", "depth_topic", "camera_info_topic", "cameras", "namespace",
-                    "use_sim_time", "log_level"}
+                    "use_sim_time", "log_level", "lifecycle"}
 # Chat template, system prompt, reasoning instruction and a short question, in tokens: what a
 # single-image goal needs besides the image and the answer (measured ~60-120 for Reason2).
 TEXT_MARGIN_TOKENS = 150

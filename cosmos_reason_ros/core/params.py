@@ -408,6 +408,29 @@ class DiagnosticsParams:
     """ERROR when no frame arrived for this long. Default: 10.0. Allowed: >= 0."""
 
 
+@dataclass(frozen=True)
+class LifecycleParams:
+    """The ``lifecycle.*`` parameters.
+
+    Managed (lifecycle) mode: whether the node starts as a lifecycle node, and what deactivate does
+    with goals (docs/INTERFACES.md, "Managed (lifecycle) mode").
+    """
+
+    enabled: bool
+    """Start as a managed (lifecycle) node: unconfigured until a lifecycle manager configures and
+    activates it (docs/INTERFACES.md, "Managed (lifecycle) mode"). Read once at process start.
+    Default: false."""
+
+    deactivate_goals: str
+    """What deactivate does with accepted goals: 'finish' lets them end on their own (those still
+    running after deactivate_timeout_s are stopped), 'cancel' stops them at once (ABORTED,
+    ENGINE_UNAVAILABLE 'node deactivating ...'). Default: "finish". Allowed: finish, cancel."""
+
+    deactivate_timeout_s: float
+    """Longest wait of deactivate for accepted goals to end. Default: 10.0. Allowed: >= 0.0, <=
+    3600."""
+
+
 SECTIONS: dict[str, type[Any]] = {
     "engine": EngineParams,
     "model": ModelParams,
@@ -418,6 +441,7 @@ SECTIONS: dict[str, type[Any]] = {
     "periodic": PeriodicParams,
     "prefill": PrefillParams,
     "diagnostics": DiagnosticsParams,
+    "lifecycle": LifecycleParams,
 }
 NAMES: tuple[str, ...] = tuple(f"{section}.{f.name}" for section, kind in SECTIONS.items()
                                for f in fields(kind))
@@ -436,6 +460,7 @@ class NodeParams:
     periodic: PeriodicParams
     prefill: PrefillParams
     diagnostics: DiagnosticsParams
+    lifecycle: LifecycleParams
 
     @classmethod
     def from_values(cls, values: Mapping[str, Any]) -> NodeParams:

@@ -100,6 +100,7 @@ class Stop(str, enum.Enum):
 
     CANCEL = "cancel"
     SHUTDOWN = "shutdown"
+    DEACTIVATE = "deactivate"  # a managed node leaving the active state (ros/lifecycle.py)
 
 
 @dataclass(frozen=True)
@@ -432,7 +433,7 @@ class GoalPipeline(Generic[P]):
 
         def stop_error() -> CosmosReasonError | None:
             stop = should_stop()
-            return None if stop is None else _interrupted(stop, "while waiting for an image")
+            return None if stop is None else interrupted(stop, "while waiting for an image")
 
         return synchronized_frames(
             [(name, self.cameras[name]) for name in goal.cameras],
@@ -497,7 +498,7 @@ class GoalPipeline(Generic[P]):
                 return frame
             stop = should_stop()
             if stop is not None:
-                raise _interrupted(stop, "while waiting for an image")
+                raise interrupted(stop, "while waiting for an image")
             if remaining <= 0:
                 return None
 
@@ -706,7 +707,7 @@ class GoalPipeline(Generic[P]):
                 if stopped is None:
                     stop = should_stop()
                     if stop is not None:
-                        stopped = _interrupted(stop, "during generation")
+                        stopped = interrupted(stop, "during generation")
                     elif time.monotonic() > deadline:
                         stopped = DeadlineExceededError("goal timed out during generation")
                     if stopped is not None:
@@ -783,7 +784,12 @@ def _check_source(goal: GoalFields) -> Source:
     return source
 
 
-def _interrupted(stop: Stop, where: str) -> CosmosReasonError:
+def interrupted(stop: Stop | None, where: str) -> CosmosReasonError:
+    """Return the error of a goal stopped ``where`` for ``stop`` (None: its deadline passed)."""
+    if stop is None:
+        return DeadlineExceededError(f"goal timed out {where}")
     if stop is Stop.CANCEL:
         return RequestCancelledError(f"cancelled {where}")
+    if stop is Stop.DEACTIVATE:
+        return EngineUnavailableError(f"node deactivating {where}")
     return EngineUnavailableError(f"node shutting down {where}")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 from rclpy.node import Node
 from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy, qos_profile_sensor_data
@@ -35,12 +36,13 @@ class Camera:
     def __init__(self, node: Node, ingest: Node, params: NodeParams,
                  clock_ns: Callable[[], int], on_frame: Callable[[], None], *,
                  name: str = DEFAULT_CAMERA, prefix: str = "", input_kind: str = "",
-                 depth: bool | None = None) -> None:
+                 depth: bool | None = None, subscribe: bool = True) -> None:
         """Subscribe on ``ingest`` per the ``image.*`` and ``depth.*`` parameters.
 
         ``prefix`` goes before every topic name (``"front/"``: ``front/image``);
         ``input_kind`` (raw, compressed, both) replaces ``image.input``; ``depth`` (default
-        ``depth.enabled``) also subscribes to depth and CameraInfo.
+        ``depth.enabled``) also subscribes to depth and CameraInfo. ``subscribe=False``
+        leaves that to ``subscribe()`` (a managed node subscribes on activate).
         """
         p = params
         self.node = node
@@ -59,15 +61,17 @@ class Camera:
             if p.image.qos_reliability == "best_effort" else ReliabilityPolicy.RELIABLE)
         # raw=True: the callback receives the serialized bytes, so ingest costs a stamp read
         # instead of a full deserialization of every 6 MB frame at 30 Hz.
-        self.subscriptions = []
+        self._ingest = ingest
+        self.subscriptions: list[Any] = []
+        # (type, resolved topic, callback, QoS, raw): what subscribe() creates.
+        self._wanted: list[tuple[Any, str, Callable[[Any], None], Any, bool]] = []
         if input_kind in ("raw", "both"):
-            self.subscriptions.append(ingest.create_subscription(
-                Image, node.resolve_topic_name(prefix + "image"),
-                lambda d: self._store(d, False), qos, raw=True))
+            self._wanted.append((Image, node.resolve_topic_name(prefix + "image"),
+                                 lambda d: self._store(d, False), qos, True))
         if input_kind in ("compressed", "both"):
-            self.subscriptions.append(ingest.create_subscription(
-                CompressedImage, node.resolve_topic_name(prefix + "image/compressed"),
-                lambda d: self._store(d, True), qos, raw=True))
+            self._wanted.append((CompressedImage,
+                                 node.resolve_topic_name(prefix + "image/compressed"),
+                                 lambda d: self._store(d, True), qos, True))
         self.depth_history: FrameHistory[StoredMessage] | None = None
         self._model: CameraModel | None = None
         self._rectified = p.depth.rectified
@@ -77,18 +81,31 @@ class Camera:
                                               clock=clock_ns)
             # Depth with the colour stream's QoS (a driver publishes both alike); CameraInfo
             # as drivers publish it, sensor data QoS.
-            self.subscriptions.append(ingest.create_subscription(
-                Image, node.resolve_topic_name(prefix + "depth/image"), self._store_depth, qos,
-                raw=True))
-            self.subscriptions.append(ingest.create_subscription(
-                CameraInfo, node.resolve_topic_name(prefix + "camera_info"),
-                self._on_camera_info, qos_profile_sensor_data))
+            self._wanted.append((Image, node.resolve_topic_name(prefix + "depth/image"),
+                                 self._store_depth, qos, True))
+            self._wanted.append((CameraInfo, node.resolve_topic_name(prefix + "camera_info"),
+                                 self._on_camera_info, qos_profile_sensor_data, False))
+        if subscribe:
+            self.subscribe()
+
+    def subscribe(self) -> None:
+        """Create the subscriptions (on the ingest node) unless they exist."""
+        if not self.subscriptions:
+            self.subscriptions = [self._ingest.create_subscription(
+                msg_type, topic, callback, qos, raw=raw)
+                for msg_type, topic, callback, qos, raw in self._wanted]
+
+    def unsubscribe(self) -> None:
+        """Destroy the subscriptions; the histories keep what they hold."""
+        for subscription in self.subscriptions:
+            self._ingest.destroy_subscription(subscription)
+        self.subscriptions = []
 
     @property
     def topics(self) -> str:
         """The colour topics, for messages naming the camera."""
-        names = [s.topic_name for s in self.subscriptions
-                 if not s.topic_name.endswith(("depth/image", "camera_info"))]
+        names = [topic for _, topic, _, _, _ in self._wanted
+                 if not topic.endswith(("depth/image", "camera_info"))]
         return ", ".join(names) or "(no camera subscription)"
 
     def camera_model(self) -> CameraModel | None:
@@ -135,7 +152,8 @@ class CameraSet:
     """Every camera of the node, the default (first) one first, on one ingest node."""
 
     def __init__(self, node: Node, ingest: Node, params: NodeParams,
-                 clock_ns: Callable[[], int], on_frame: Callable[[], None]) -> None:
+                 clock_ns: Callable[[], int], on_frame: Callable[[], None],
+                 subscribe: bool = True) -> None:
         """One ``Camera`` per ``cameras.names`` entry, or the unnamed default camera.
 
         Depth input (``depth.enabled``) belongs to the default camera alone: 3D lifting is
@@ -146,15 +164,28 @@ class CameraSet:
         inputs = params.cameras.inputs or ("",) * len(names)
         self.named = bool(names)
         if not names:
-            cameras = [Camera(node, ingest, params, clock_ns, on_frame)]
+            cameras = [Camera(node, ingest, params, clock_ns, on_frame, subscribe=subscribe)]
         else:
             cameras = [Camera(node, ingest, params, clock_ns,
                               on_frame if i == 0 else _no_wake, name=name,
                               prefix=f"{name}/", input_kind=kind,
-                              depth=params.depth.enabled and i == 0)
+                              depth=params.depth.enabled and i == 0, subscribe=subscribe)
                        for i, (name, kind) in enumerate(zip(names, inputs, strict=True))]
         self.by_name: dict[str, Camera] = {c.name: c for c in cameras}
         self.default = cameras[0]
+
+    def log_limits(self, logger: Any, params: NodeParams, images_per_request: int) -> None:
+        """Say which cameras the node serves, and when the engine takes fewer images."""
+        if not self.named:
+            return
+        logger.info("cameras: " + ", ".join(f"{c.name} ({c.topics})" for c in self)
+                    + f"; max_skew_s={params.cameras.max_skew_s:g} "
+                    f"images_per_request={images_per_request}")
+        if images_per_request < len(self):
+            logger.warning(
+                f"engine.limit_mm_per_prompt={params.engine.limit_mm_per_prompt} takes "
+                f"{images_per_request} image(s) per prompt for {len(self)} cameras: goals "
+                f"naming more than {images_per_request} camera(s) are refused (BAD_REQUEST)")
 
     def __iter__(self) -> Iterator[Camera]:
         """Iterate over the cameras, the default one first."""
@@ -174,6 +205,14 @@ class CameraSet:
         """How error messages name the default camera: its topics (and name, if named)."""
         topics = self.default.topics
         return f"{self.default.name} ({topics})" if self.named else topics
+
+    def subscribe(self, on: bool = True) -> None:
+        """Subscribe every camera (``on``), or destroy every subscription."""
+        for camera in self:
+            if on:
+                camera.subscribe()
+            else:
+                camera.unsubscribe()
 
     def close(self) -> None:
         """Wake and end every wait on every camera's histories."""

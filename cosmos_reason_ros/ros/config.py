@@ -398,6 +398,16 @@ PARAMS: tuple[Param, ...] = (
           _range(0)),
     Param("diagnostics.camera_error_s", 10.0, "ERROR when no frame arrived for this long.",
           _range(0)),
+    # --- lifecycle.* (managed mode) ------------------------------------------------------
+    Param("lifecycle.enabled", False, "Start as a managed (lifecycle) node: unconfigured until "
+          "a lifecycle manager configures and activates it (docs/INTERFACES.md, \"Managed "
+          "(lifecycle) mode\"). Read once at process start."),
+    Param("lifecycle.deactivate_goals", "finish", "What deactivate does with accepted goals: "
+          "'finish' lets them end on their own (those still running after "
+          "deactivate_timeout_s are stopped), 'cancel' stops them at once (ABORTED, "
+          "ENGINE_UNAVAILABLE 'node deactivating ...').", _choice("finish", "cancel")),
+    Param("lifecycle.deactivate_timeout_s", 10.0, "Longest wait of deactivate for accepted "
+          "goals to end.", _range(0.0, 3600)),
 )
 
 PARAMS_BY_NAME = {p.name: p for p in PARAMS}
@@ -671,8 +681,11 @@ def check_params_files(files: Sequence[str], node_fqn: str,
                 f"the file '{PRESET_KEY}:' (any namespace and node name) or '{node_fqn}:'")
 
 
-def descriptor(param: Param) -> Any:
+def descriptor(param: Param, managed: bool = False) -> Any:
     """Build the ``ParameterDescriptor`` of ``param``: description, read-only, constraints.
+
+    ``managed`` (a lifecycle node): nothing is read-only, so a parameter can be fixed while
+    the node is unconfigured; the node's set-parameters callback refuses other changes.
 
     Ranges become ``integer_range`` / ``floating_point_range`` (step 0: any value between
     the bounds), so ``ros2 param describe`` shows them and rclpy refuses a runtime value
@@ -682,7 +695,8 @@ def descriptor(param: Param) -> Any:
     """
     from rcl_interfaces.msg import FloatingPointRange, IntegerRange, ParameterDescriptor
 
-    d = ParameterDescriptor(description=param.description, read_only=not param.runtime)
+    d = ParameterDescriptor(description=param.description,
+                            read_only=not (param.runtime or managed))
     if param.check is not None:
         d.additional_constraints = f"allowed: {param.allowed}"
     check = param.check
@@ -703,7 +717,8 @@ def _is_ros_own(name: str, node: Any) -> bool:
     return node.has_parameter(name) or name.startswith("qos_overrides.")
 
 
-def declare_and_load(node: Any, argv: Sequence[str] | None = None) -> NodeParams:
+def declare_and_load(node: Any, argv: Sequence[str] | None = None, *,
+                     managed: bool = False) -> NodeParams | None:
     """Declare every parameter on ``node`` and return the validated values.
 
     The values come from the node's parameter overrides (parameters files, ``-p``); before
@@ -712,6 +727,11 @@ def declare_and_load(node: Any, argv: Sequence[str] | None = None) -> NodeParams
     of whose sections reaches the node, or a bad value raise ``ConfigError``. Parameters are
     declared with their validated values, statically typed (an integer written for a double
     parameter, e.g. ``max_age_s: 5``, is declared as 5.0) and with their constraints.
+
+    ``managed`` (a lifecycle node, validated again at each configure): a value outside its
+    check is declared as given and None is returned, so the node comes up unconfigured and a
+    lifecycle manager sees configure fail with the reason; unknown names and wrong types
+    still raise.
     """
     # Humble's rclpy has no public accessor for the overrides the node was created with
     # (rcl resolves them per node in Node.__init__); `_parameter_overrides` holds them, with
@@ -728,10 +748,27 @@ def declare_and_load(node: Any, argv: Sequence[str] | None = None) -> NodeParams
             f"file or -p; docs/PARAMETERS.md lists the parameters)")
     check_params_files(ros_params_files(sys.argv if argv is None else argv), fqn,
                        node._parameter_overrides)
-    params = validate(overrides)
-    values = params.to_values()
+    params: NodeParams | None
+    try:
+        params = validate(overrides)
+        values = params.to_values()
+    except ConfigError:
+        if not managed:
+            raise
+        params, values = None, {}
+        for param in PARAMS:
+            value = overrides.get(param.name, param.default)
+            value = [] if isinstance(param.default, list) and value is None else value
+            if not _same_type(param.default, value):
+                raise
+            values[param.name] = float(value) if isinstance(param.default, float) else value
     for param in PARAMS:
         # ignore_override: the override was validated (and typed) above.
-        node.declare_parameter(param.name, values[param.name], descriptor(param),
+        node.declare_parameter(param.name, values[param.name], descriptor(param, managed),
                                ignore_override=True)
     return params
+
+
+def declared_values(node: Any) -> dict[str, Any]:
+    """Return the node's current value of every parameter in the table (for ``validate``)."""
+    return {param.name: node.get_parameter(param.name).value for param in PARAMS}

@@ -6,7 +6,7 @@ import dataclasses
 import time
 from typing import TYPE_CHECKING
 
-from diagnostic_msgs.msg import DiagnosticStatus, KeyValue
+from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
 
 from cosmos_reason_ros.core.params import NodeParams
 from cosmos_reason_ros.core.pipeline import UNAVAILABLE_STATES
@@ -14,6 +14,15 @@ from cosmos_reason_ros.core.stats import percentile
 
 if TYPE_CHECKING:
     from cosmos_reason_ros.ros.node import ReasonNode
+
+
+def publish(node: ReasonNode) -> None:
+    """Publish the node's status on ``/diagnostics`` (its timer; nothing once shut down)."""
+    if not node.context.ok():
+        return
+    array = DiagnosticArray(status=[node_status(node)])
+    array.header.stamp = node.get_clock().now().to_msg()
+    node.diagnostics_pub.publish(array)
 
 
 def node_status(node: ReasonNode) -> DiagnosticStatus:

@@ -19,9 +19,7 @@ from diagnostic_msgs.msg import DiagnosticArray
 from rcl_interfaces.msg import SetParametersResult
 from rclpy.action import ActionServer, CancelResponse, GoalResponse
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallbackGroup
-from rclpy.executors import (
-    SingleThreadedExecutor,
-)
+from rclpy.executors import SingleThreadedExecutor
 from rclpy.node import Node
 from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
 
@@ -31,12 +29,11 @@ from cosmos_reason_ros.core.admission import GoalSlots
 from cosmos_reason_ros.core.answer3d import DepthLifter
 from cosmos_reason_ros.core.models import ModelProfile, detect_profile
 from cosmos_reason_ros.core.params import NodeParams
-from cosmos_reason_ros.core.pipeline import GoalPipeline, Settings, Stage, Stop
+from cosmos_reason_ros.core.pipeline import GoalPipeline, Settings, Stage, Stop, interrupted
 from cosmos_reason_ros.core.prefill import PrefillPolicy
 from cosmos_reason_ros.core.prompts import DEFAULT_TASK
 from cosmos_reason_ros.core.types import (
     CosmosReasonError,
-    DeadlineExceededError,
     EngineError,
     EngineUnavailableError,
     ErrorCode,
@@ -48,12 +45,7 @@ from cosmos_reason_ros.engines.factory import create_engine
 from cosmos_reason_ros.engines.runner import EngineRunner
 from cosmos_reason_ros.ros import cdr, diagnostics, messages, process_life
 from cosmos_reason_ros.ros.camera import CameraSet
-from cosmos_reason_ros.ros.config import (
-    ConfigError,
-    declare_and_load,
-    engine_options,
-    validate,
-)
+from cosmos_reason_ros.ros.config import ConfigError, declare_and_load, engine_options, validate
 from cosmos_reason_ros.ros.gcwatch import GcPauses, freeze_heap
 from cosmos_reason_ros.ros.outputs import Outputs
 from cosmos_reason_ros.ros.target_frame import TargetFrame
@@ -67,14 +59,32 @@ Feedback = Reason.Feedback
 class ReasonNode(Node):
     """Serves ``~/reason`` goals about the camera stream and publishes ``~/results``."""
 
-    def __init__(self, engine: Engine | None = None, **kwargs: Any) -> None:
-        """Declare and validate parameters, build the engine (or take ``engine``), subscribe.
+    def __init__(self, engine: Engine | None = None, *, managed: bool = False,
+                 **kwargs: Any) -> None:
+        """Declare and validate parameters, then ``configure`` (``managed``: on its transition).
 
         ``engine`` replaces the one ``engine.kind`` would build (tests inject a scripted one).
         """
         super().__init__(NODE_NAME, **kwargs)
-        self.params: NodeParams = declare_and_load(self)
-        p = self.params
+        params = declare_and_load(self, managed=managed)
+        self._engine = engine
+        self._stopping = threading.Event()
+        self._counters_lock = threading.Lock()
+        self.counters = {"succeeded": 0, "aborted": 0, "canceled": 0, "rejected": 0}
+        self._action_server: ActionServer | None = None
+        self.serving_timers: list[Any] = []
+        self._threads_started = False
+        self.refusal: str | None = None  # while set, new goals are refused with this reason
+        self.stop_goals: Stop | None = None  # while set, accepted goals stop for this reason
+        self.startup_s = 0.0
+        self.latencies: collections.deque[tuple[float, float]] = collections.deque(maxlen=500)
+        self.gc_pauses = GcPauses().install()
+        if params is not None and not managed:
+            self.configure(params)
+
+    def configure(self, p: NodeParams, subscribe: bool = True) -> None:
+        """Build the engine object (not started), cameras, goal pipeline and publishers."""
+        self.params = p
         try:
             self.profile: ModelProfile = detect_profile(
                 p.engine.model or "unknown", None if p.model.family == "auto"
@@ -82,20 +92,14 @@ class ReasonNode(Node):
         except CosmosReasonError as e:
             raise ConfigError(f"model.family/engine.model: {e.message}") from e
         self.slots = GoalSlots(p.limits.max_concurrent_goals, p.limits.max_queued_goals)
+        engine = self._engine
         if engine is None:
             try:
                 engine = create_engine(p.engine.kind, engine_options(p.engine))
             except ValueError as e:  # the engine's own config checks (e.g. api_key_env)
                 raise ConfigError(f"invalid engine.* parameters: {e}") from e
         self.runner = EngineRunner(engine)
-        self._stopping = threading.Event()
-        self._counters_lock = threading.Lock()
-        self.counters = {"succeeded": 0, "aborted": 0, "canceled": 0, "rejected": 0}
-        self._action_server: ActionServer | None = None
-        self.startup_s = 0.0
-        self.latencies: collections.deque[tuple[float, float]] = collections.deque(maxlen=500)
         self.prefill = PrefillPolicy(skip_while_busy=p.prefill.skip_while_busy)
-        self.gc_pauses = GcPauses().install()
         # Frames are taken on a node and executor of their own (same process and DDS
         # participant, names resolved with this node's remaps). On the goal executor, camera
         # traffic held back ~5% of goal requests by 0.1-3 s (docs/PERFORMANCE.md, "Action
@@ -105,7 +109,8 @@ class ReasonNode(Node):
             use_global_arguments=False, start_parameter_services=False)
         self._ingest_executor = SingleThreadedExecutor(context=self.context)
         self._ingest_executor.add_node(self._ingest_node)
-        self.cameras = CameraSet(self, self._ingest_node, p, self.now_ns, self._on_frame)
+        self.cameras = CameraSet(self, self._ingest_node, p, self.now_ns, self._on_frame,
+                                 subscribe=subscribe)
         self.camera = self.cameras.default  # prefill, periodic runs and 3D use this one
         self.history = self.camera.history
         settings = Settings.from_params(p, self.profile, self.get_fully_qualified_name())
@@ -118,7 +123,7 @@ class ReasonNode(Node):
             max_skew_s=p.cameras.max_skew_s, prefill=self.prefill,
             source_name=self.cameras.source_name, lifter=lifter,
             to_target_frame=target_frame.apply)
-        self._log_camera_limits(settings)
+        self.cameras.log_limits(self.get_logger(), p, settings.limits.images_per_request)
         self.periodic = PeriodicRuns(self)
         self.prefill_worker = PrefillWorker(self, busy=lambda: bool(
             self.slots.running or self.slots.queued or self.periodic.busy.is_set()))
@@ -126,20 +131,6 @@ class ReasonNode(Node):
         self.outputs = Outputs(self, depth=p.depth.enabled, default_camera=self.camera.name,
                                cameras=tuple(p.cameras.names))
         self.diagnostics_pub = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
-
-    def _log_camera_limits(self, settings: Settings) -> None:
-        """Say which cameras the node serves, and when the engine takes fewer images."""
-        if not self.cameras.named:
-            return
-        allowed = settings.limits.images_per_request
-        self.get_logger().info(
-            "cameras: " + ", ".join(f"{c.name} ({c.topics})" for c in self.cameras)
-            + f"; max_skew_s={self.params.cameras.max_skew_s:g} images_per_request={allowed}")
-        if allowed < len(self.cameras):
-            self.get_logger().warning(
-                f"engine.limit_mm_per_prompt={self.params.engine.limit_mm_per_prompt} takes "
-                f"{allowed} image(s) per prompt for {len(self.cameras)} cameras: goals naming "
-                f"more than {allowed} camera(s) are refused (BAD_REQUEST)")
 
     @property
     def last_frame_monotonic(self) -> float | None:
@@ -159,13 +150,20 @@ class ReasonNode(Node):
         return self._stopping
 
     def start(self) -> None:
-        """Load and warm up the engine, then open the action server.
+        """Load and warm up the engine, then open the action server, timers and threads."""
+        t0 = time.monotonic()
+        self.start_engine()
+        self.open_action_server()
+        self.resume()
+        self.add_on_set_parameters_callback(self._on_set_parameters)
+        self.startup_s = time.monotonic() - t0
 
-        An engine whose failed start is fatal (in-process) raises. A remote server that is
-        down is not fatal: goals fail fast with ENGINE_UNAVAILABLE until it comes up.
+    def start_engine(self) -> None:
+        """Load and warm up the engine; raise if that failed and is fatal (in-process).
+
+        A remote server that is down is not: goals get ENGINE_UNAVAILABLE until it comes up.
         """
         p = self.params
-        t0 = time.monotonic()
         fatal = self.runner.engine.start_failure_is_fatal
         try:
             # A remote engine gives up on its own after start_timeout_s and keeps checking in
@@ -177,6 +175,10 @@ class ReasonNode(Node):
                 raise
             self.get_logger().warning(f"engine not ready at start ({e.message}); serving "
                                       f"goals with ENGINE_UNAVAILABLE until it is")
+
+    def open_action_server(self) -> None:
+        """Create the ``~/reason`` action server."""
+        p = self.params
         # The default service QoS keeps only 10 requests: a burst of goals beyond that is
         # dropped by DDS before the node ever sees it (never answered, never rejected). All
         # goals share one feedback topic: with depth 10, a client 10 messages behind loses a
@@ -189,21 +191,27 @@ class ReasonNode(Node):
             callback_group=ReentrantCallbackGroup(), goal_service_qos_profile=requests_qos,
             result_service_qos_profile=requests_qos, cancel_service_qos_profile=requests_qos,
             feedback_pub_qos_profile=requests_qos, result_timeout=p.limits.result_keep_s)
+
+    def resume(self) -> None:
+        """Timers on; the first time after ``configure`` also the prefill and ingest threads."""
+        p = self.params
         timer_group = MutuallyExclusiveCallbackGroup()
-        self.create_timer(p.diagnostics.period_s, self._publish_diagnostics,
-                          callback_group=timer_group)
+        self.serving_timers = [self.create_timer(
+            p.diagnostics.period_s, lambda: diagnostics.publish(self),
+            callback_group=timer_group)]
         if p.periodic.enabled:
-            self.create_timer(p.periodic.period_s, self.periodic.on_timer,
-                              callback_group=timer_group)
-        self.prefill_worker.start()
-        self.add_on_set_parameters_callback(self._on_set_parameters)
-        threading.Thread(target=self._ingest_executor.spin, name="ingest", daemon=True).start()
-        if p.engine.freeze_heap:
-            frozen, took_s = freeze_heap()
-            self.get_logger().info(f"heap frozen: {frozen} objects out of the garbage "
-                                   f"collector's view ({took_s:.2f} s)")
+            self.serving_timers.append(self.create_timer(
+                p.periodic.period_s, self.periodic.on_timer, callback_group=timer_group))
+        if not self._threads_started:
+            self._threads_started = True
+            self.prefill_worker.start()
+            threading.Thread(target=self._ingest_executor.spin, name="ingest",
+                             daemon=True).start()
+            if p.engine.freeze_heap:
+                frozen, took_s = freeze_heap()
+                self.get_logger().info(f"heap frozen: {frozen} objects out of the garbage "
+                                       f"collector's view ({took_s:.2f} s)")
         self.gc_pauses.reset()  # diagnostics count the pauses while serving, not startup's
-        self.startup_s = time.monotonic() - t0
 
     def log_ready(self) -> None:
         """Log the one "ready:" line (after start; tools and tests wait for it)."""
@@ -243,24 +251,8 @@ class ReasonNode(Node):
         self._stopping.set()
         self._prefill_wake.set()
         self.cameras.close()  # goals waiting for a frame see the stop at once
-        wait = spin if spin is not None else time.sleep
-        in_flight = self.slots.running + self.slots.queued
-
-        def goals_ended(limit_s: float) -> bool:
-            deadline = time.monotonic() + limit_s
-            while self.slots.running or self.slots.queued:
-                if time.monotonic() >= deadline:
-                    return False
-                wait(0.05)
-            if in_flight or spin is not None:
-                # Serve what is still in flight a moment longer: get-result requests and the
-                # result responses they wait for, ~/results deliveries.
-                end = time.monotonic() + SHUTDOWN_RESULTS_LINGER_S
-                while time.monotonic() < end:
-                    wait(0.05)
-            return True
-
-        ended = goals_ended(SHUTDOWN_GOALS_S)
+        in_flight = bool(self.slots.running + self.slots.queued)
+        ended = self.wait_goals(SHUTDOWN_GOALS_S, spin, linger=in_flight)
         if not ended:
             self.get_logger().warning(
                 f"{self.slots.running + self.slots.queued} goal(s) still running "
@@ -269,11 +261,29 @@ class ReasonNode(Node):
         # processes after engine.shutdown_timeout_s; aborting requests takes up to 5 s more.
         self.runner.close(timeout_s=self.params.engine.shutdown_timeout_s + 10.0)
         if not ended:
-            goals_ended(SHUTDOWN_GOALS_AFTER_ENGINE_S)
+            self.wait_goals(SHUTDOWN_GOALS_AFTER_ENGINE_S, spin, linger=in_flight)
         self.gc_pauses.uninstall()
         self._ingest_executor.shutdown(timeout_sec=1.0)
         if self._action_server is not None:
             self._action_server.destroy()
+
+    def wait_goals(self, limit_s: float, spin: Callable[[float], object] | None = None,
+                   linger: bool = False) -> bool:
+        """Wait until no accepted goal runs or waits (False after ``limit_s``).
+
+        Then, with ``linger`` or ``spin``, serve result requests and ~/results a moment longer.
+        """
+        wait = spin if spin is not None else time.sleep
+        deadline = time.monotonic() + limit_s
+        while self.slots.running or self.slots.queued:
+            if time.monotonic() >= deadline:
+                return False
+            wait(0.05)
+        if linger or spin is not None:
+            end = time.monotonic() + SHUTDOWN_RESULTS_LINGER_S
+            while time.monotonic() < end:
+                wait(0.05)
+        return True
 
     def destroy_node(self) -> None:
         """Destroy the camera ingest node too (absent when a bad parameter stopped __init__).
@@ -307,17 +317,23 @@ class ReasonNode(Node):
         # reported in the goal's result with a specific code.
         if self.stopping:
             return GoalResponse.REJECT
+        if self.refusal is not None:  # a managed node that is not active
+            return self._refuse(goal, EngineUnavailableError(self.refusal))
         try:
             self.slots.admit()
         except OverloadedError as e:
-            self._count("rejected")
-            self.get_logger().warning(f"goal rejected: code=OVERLOADED message={e.message}")
-            msg = ReasoningResult(origin="goal", model=self.runner.model_name,
-                                  task=goal.task or DEFAULT_TASK.value, prompt=goal.prompt)
-            messages.fill_error(msg, e)
-            self.outputs.publish_result(msg)
-            return GoalResponse.REJECT
+            return self._refuse(goal, e)
         return GoalResponse.ACCEPT
+
+    def _refuse(self, goal: Reason.Goal, error: CosmosReasonError) -> GoalResponse:
+        self._count("rejected")
+        self.get_logger().warning(f"goal rejected: code={error.code.name} "
+                                  f"message={error.message}")
+        msg = ReasoningResult(origin="goal", model=self.runner.model_name,
+                              task=goal.task or DEFAULT_TASK.value, prompt=goal.prompt)
+        messages.fill_error(msg, error)
+        self.outputs.publish_result(msg)
+        return GoalResponse.REJECT
 
     def _count(self, outcome: str) -> None:
         with self._counters_lock:
@@ -338,7 +354,7 @@ class ReasonNode(Node):
         def should_stop() -> Stop | None:
             if goal_handle.is_cancel_requested:
                 return Stop.CANCEL
-            return Stop.SHUTDOWN if self.stopping else None
+            return Stop.SHUTDOWN if self.stopping else self.stop_goals
 
         def feedback(stage: Stage, text: str = "", tokens: int = 0) -> None:
             goal_handle.publish_feedback(Feedback(
@@ -354,7 +370,7 @@ class ReasonNode(Node):
                 t_accept + valid.timeout_s - time.monotonic(),
                 should_stop=lambda: should_stop() is not None)
             if not holding_slot:
-                raise _interrupted(should_stop(), "while waiting for a free slot")
+                raise interrupted(should_stop(), "while waiting for a free slot")
             msg.queue_s = time.monotonic() - t_accept
             run = self.pipeline.run(
                 valid, t_start=t_accept, accepted_ns=accepted_ns, should_stop=should_stop,
@@ -400,21 +416,6 @@ class ReasonNode(Node):
                                                      ErrorCode.BAD_REQUEST) else "aborted")
 
     # --- diagnostics ---------------------------------------------------------------------
-
-    def _publish_diagnostics(self) -> None:
-        if not self.context.ok():
-            return
-        array = DiagnosticArray(status=[diagnostics.node_status(self)])
-        array.header.stamp = self.get_clock().now().to_msg()
-        self.diagnostics_pub.publish(array)
-
-
-def _interrupted(stop: Stop | None, where: str) -> CosmosReasonError:
-    if stop is Stop.CANCEL:
-        return RequestCancelledError(f"cancelled {where}")
-    if stop is Stop.SHUTDOWN:
-        return EngineUnavailableError(f"node shutting down {where}")
-    return DeadlineExceededError(f"goal timed out {where}")
 
 
 # Shutdown bounds (docs/RELIABILITY.md, "Shutdown and signals"): goals stopped by the node end

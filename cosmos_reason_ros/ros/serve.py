@@ -18,7 +18,7 @@ from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
 from rclpy.signals import SignalHandlerOptions
 
 from cosmos_reason_ros.core.types import CosmosReasonError
-from cosmos_reason_ros.ros import process_life
+from cosmos_reason_ros.ros import lifecycle, process_life
 from cosmos_reason_ros.ros.config import ConfigError
 from cosmos_reason_ros.ros.node import NODE_NAME, ReasonNode
 
@@ -40,7 +40,7 @@ def serve(args: list[str] | None = None) -> NoReturn:
     code = 0
     try:
         try:
-            node = ReasonNode()
+            node = lifecycle.create_node()  # managed: built and started by its transitions
             node.start()
         finally:
             signals.started()  # from here on a signal only sets signals.stop

@@ -130,6 +130,8 @@ class PrefillWorker:
         self.node = node
         self.busy = busy
         self.wake = threading.Event()
+        # This configuration's stop: a managed node builds a new worker on each configure.
+        self._stop = node.stopping_event
         self._thread = threading.Thread(target=self._loop, name="prefill", daemon=True)
 
     def start(self) -> None:
@@ -145,12 +147,12 @@ class PrefillWorker:
         period = node.params.prefill.period_s
         last_start = -math.inf
         retry = False
-        while not node.stopping:
+        while not self._stop.is_set():
             if not self.wake.wait(period if retry else 1.0) and not retry:
                 continue
             self.wake.clear()
             wait = last_start + period - time.monotonic()
-            if wait > 0 and node.stopping_event.wait(wait):
+            if wait > 0 and self._stop.wait(wait):
                 return
             latest = node.history.latest()
             stamp = None if latest is None else latest.stamp_ns

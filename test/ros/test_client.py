@@ -2,12 +2,18 @@
 
 rclpy sends a goal request whether or not the action server is matched, and DDS drops a
 request sent before discovery, so a client used right after it was created lost its goal and
-waited out its whole timeout (issue 18). What only these tests prove: fresh clients used at
-once against a real node process (real DDS discovery, real engine on the tiny model) get every
-goal answered; a client of a missing node fails within its timeout naming the server; the
-README's Python example runs as printed against a node fed by a camera.
+waited out its whole timeout (issue 18). What these tests prove: fresh clients used at once
+(each a new DDS participant: real discovery) get every goal answered by the real node; a client
+of a missing node fails within its timeout naming the server; the README's Python example runs
+as printed, in a fresh interpreter, against a node named ``/cosmos_reason`` fed by a camera.
 
-The missing-node tests need no node; one node process serves the rest of the module.
+Fast tier: what is tested here is the client, DDS discovery and the node's action server, not
+the model, so the node is the real ``ReasonNode`` on the scripted engine
+(``test/inprocess_node.py``), serving the real names: in a child process for the fresh
+clients (discovery between processes, as a planner meets the node; inside one process Fast DDS
+skips the transport), in this process for the README example (which runs in a child
+interpreter itself). The missing-node tests need no node. One node at a time: both serve
+``/cosmos_reason/reason``.
 """
 
 from __future__ import annotations
@@ -23,13 +29,11 @@ import uuid
 import pytest
 
 rclpy = pytest.importorskip("rclpy", reason="needs the ROS 2 wheels (make setup)")
-from diagnostic_msgs.msg import DiagnosticArray  # noqa: E402
-from node_process import REPO_ROOT, NodeProcess, rgb_image_msg, scene  # noqa: E402
-from sensor_msgs.msg import Image  # noqa: E402
-from spun_node import SpunNode  # noqa: E402
+from fake_engine import answers_the_task  # noqa: E402
+from inprocess_node import InProcessNode, ServedNode  # noqa: E402
+from node_process import REPO_ROOT, rgb_image_msg, scene  # noqa: E402
 
 from cosmos_reason_interfaces.action import Reason  # noqa: E402
-from cosmos_reason_interfaces.msg import ReasoningResult  # noqa: E402
 from cosmos_reason_ros.client import (  # noqa: E402
     ReasonClient,
     ReasonResult,
@@ -92,46 +96,26 @@ def test_goal_cancelled_or_closed_while_waiting_for_the_server_is_never_sent():
     assert not pending.sent
 
 
-# --- the real node -------------------------------------------------------------------------
+# --- the real node (scripted engine) -----------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def node(tiny_qwen3_vl):
-    proc = NodeProcess("cpu_demo", {"engine.model": str(tiny_qwen3_vl)})
-    proc.wait_ready()
-    yield proc
-    proc.stop_cleanly()
+@pytest.fixture
+def node():
+    """The node in this process, answering each task in its own shape."""
+    n = InProcessNode(script=answers_the_task)
+    yield n
+    n.close()
 
 
-@pytest.fixture(scope="module")
-def side(node):
-    """The test's own participant: the results it sees and frames for the node's camera."""
-    spun = SpunNode("client_test_side")
-    spun.results: list[ReasoningResult] = []
-    spun.frames_received = 0
-    spun.cond = threading.Condition()
-
-    def on_result(msg: ReasoningResult) -> None:
-        with spun.cond:
-            spun.results.append(msg)
-            spun.cond.notify_all()
-
-    def on_diagnostics(msg: DiagnosticArray) -> None:
-        values = {kv.key: kv.value for kv in msg.status[0].values}
-        with spun.cond:
-            spun.frames_received = int(values["frames_received"])
-            spun.cond.notify_all()
-
-    spun.node.create_subscription(ReasoningResult, "/cosmos_reason/results", on_result, 100)
-    spun.node.create_subscription(DiagnosticArray, "/diagnostics", on_diagnostics, 10)
-    spun.camera = spun.node.create_publisher(Image, "/image", 10)
-    yield spun
-    spun.close()
+@pytest.fixture
+def served():
+    """The same node in a child process."""
+    n = ServedNode()
+    yield n
+    assert n.stop() == 0, "\n".join(n.lines[-40:])
 
 
-@pytest.mark.engine
-@pytest.mark.slow
-def test_fresh_clients_used_at_once_get_every_goal_answered(node):
+def test_fresh_clients_used_at_once_get_every_goal_answered(served):
     image = rgb_image_msg(scene(320, 240, seed=5), 42_000_000_000, "goal_cam")
     fields = {"source": Goal.SOURCE_GOAL_IMAGE, "image": image, "max_tokens": 8}
     # Every way a goal leaves the client, each the first thing done with a new client.
@@ -174,26 +158,21 @@ def readme_python_example() -> str:
     return match.group(1)
 
 
-@pytest.mark.engine
-@pytest.mark.slow
-def test_readme_python_example_runs_as_printed(side):
+def test_readme_python_example_runs_as_printed(node):
     code = readme_python_example()
     assert "ReasonClient()" in code and "client.ground(" in code  # the block we mean
-    assert side.wait_matched(side.camera), "the node's camera subscription was not found"
     stop = threading.Event()
 
     def feed_camera() -> None:  # a live camera at 10 Hz, fresh stamps
         while not stop.is_set():
-            side.camera.publish(rgb_image_msg(scene(640, 480), side.now_ns()))
+            node.publish(width=640, height=480)
             stop.wait(0.1)
 
     camera = threading.Thread(target=feed_camera, daemon=True)
     camera.start()
     try:
-        with side.cond:
-            assert side.cond.wait_for(lambda: side.frames_received > 0, 30.0), \
-                "the node reported no camera frame"
-            seen = len(side.results)
+        node.wait_frames(1, 30.0)  # the node has a camera frame
+        before = {msg.goal_id for msg in list(node.results)}
         # A fresh interpreter, as a user would run it; the README's own default timeouts
         # (120 s) would only hide a lost goal, so the run gets a shorter limit.
         run = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True,
@@ -203,12 +182,14 @@ def test_readme_python_example_runs_as_printed(side):
         camera.join()
     assert run.returncode == 0, f"stdout:\n{run.stdout}\nstderr:\n{run.stderr[-3000:]}"
     assert run.stdout.strip(), "the example printed nothing"
-    with side.cond:
-        assert side.cond.wait_for(lambda: len(side.results) >= seen + 2, 10.0)
-        results = side.results[seen:]
+    node.wait_result(lambda m: m.task == "verify" and m.goal_id not in before, 10.0)
+    node.wait_result(lambda m: m.task == "ground" and m.goal_id not in before, 10.0)
+    results = [msg for msg in list(node.results) if msg.goal_id not in before]
     by_task = {msg.task: msg for msg in results}
-    assert set(by_task) == {"ground", "verify"}, [m.task for m in results]
+    assert sorted(msg.task for msg in results) == ["ground", "verify"], \
+        [m.task for m in results]
     for msg in results:
         assert msg.error_code == ErrorCode.OK, f"{msg.task}: {msg.error_message}"
         assert msg.header.frame_id == "camera"  # answered about the camera's frame
+    assert by_task["ground"].boxes  # the engine's answer, parsed into pixels
     assert run.stdout.splitlines()[-1] == by_task["verify"].answer_json  # what it printed

@@ -293,16 +293,6 @@ def test_bad_parameter_stops_the_node_with_a_message(tiny_qwen3_vl):
     assert "allowed: >= 1" in proc.output
 
 
-def test_sigterm_exits_cleanly_within_5_s(tiny_qwen3_vl):
-    proc = NodeProcess("cpu_demo", {"engine.model": str(tiny_qwen3_vl)})
-    proc.wait_ready()
-    t0 = time.monotonic()
-    code = proc.stop(timeout_s=5.0)
-    assert code == 0, proc.output[-2000:]
-    assert time.monotonic() - t0 < 5.0
-    assert "shut down cleanly" in proc.output
-
-
 def test_image_arrays_survive_exactly(io):
     # The ros-side copy of an rgb8 frame must reach the model unchanged (no channel swap).
     rgb = np.zeros((64, 64, 3), np.uint8)
@@ -348,3 +338,37 @@ def test_clip_longer_than_the_limit_is_a_bad_request(io):
                                             clip_duration_s=1000.0))
     assert too_long.error_code is ErrorCode.BAD_REQUEST
     assert "limits.max_clip_duration_s" in too_long.error_message
+
+
+# 3995 characters (under limits.max_prompt_chars), more than 4096 byte-level tokens.
+CJK_PROMPT = "\u6c34\u706b\u571f\u6728\u91d1" * 799
+
+
+def test_prompt_over_the_context_limit_is_prompt_too_long(io):
+    # From test_bad_inputs.py's catalogue (the rest of it runs on the scripted engine): only
+    # the real model's tokenizer knows that this prompt exceeds engine.max_model_len (4096).
+    goal = io.client.goal(CJK_PROMPT, source=Goal.SOURCE_GOAL_IMAGE, max_tokens=4)
+    goal.image = rgb_image_msg(scene(64, 48), 1)
+    result = io.client.run(goal, 60)
+    assert (result.status, result.error_code) == ("aborted", ErrorCode.PROMPT_TOO_LONG), \
+        (result.status, result.error_code, result.error_message)
+    assert "max_model_len is 4096" in result.error_message, result.error_message
+    assert result.message.finish_reason == "error"
+    with io.results_cond:  # published on ~/results like every other result
+        assert io.results_cond.wait_for(lambda: any(
+            m.goal_id == result.message.goal_id and m.error_code == ErrorCode.PROMPT_TOO_LONG
+            for m in io.results), 10)
+    after = io.client.run(io.client.goal("Describe it.", source=Goal.SOURCE_GOAL_IMAGE,
+                                         image=rgb_image_msg(scene(64, 48, seed=9), 2),
+                                         max_tokens=2), 60)
+    assert after.ok, after.error_message  # the node keeps serving
+
+
+# Keep this test last: it stops the module's node (a module's tests run in file order), which
+# has served every goal above -- the state a node is in when a robot's launch is stopped.
+def test_sigterm_after_serving_exits_cleanly_within_5_s(node):
+    t0 = time.monotonic()
+    code = node.stop(timeout_s=5.0)
+    assert code == 0, node.output[-2000:]
+    assert time.monotonic() - t0 < 5.0
+    assert "shut down cleanly" in node.output
