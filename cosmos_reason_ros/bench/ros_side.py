@@ -29,6 +29,39 @@ def client_ttft(e2e_s: float, result: Any) -> float | None:
     return e2e_s - result.total_s + result.time_to_first_token_s
 
 
+def submit_goal(client: Any, prompt: str, max_tokens: int) -> Callable[[], dict[str, Any]]:
+    """Send one goal on the latest frame through ``client`` (a ReasonClient).
+
+    The returned function waits for its result and returns the sample's figures.
+    """
+    goal = client.goal(prompt, "vqa", max_tokens=max_tokens, greedy=True)
+    first: list[float] = []
+    t0 = time.monotonic()
+
+    def on_feedback(fb: Any) -> None:
+        if fb.text_delta and not first:
+            first.append(time.monotonic() - t0)
+
+    handle = client.submit(goal, on_feedback)
+    done: list[float] = []
+    handle.future.add_done_callback(lambda _f: done.append(time.monotonic()))
+
+    def wait() -> dict[str, Any]:
+        result = handle.result(600.0)
+        t1 = done[0] if done else time.monotonic()
+        m = result.message
+        return {"ok": result.ok, "error": None if result.ok else
+                f"{result.status} {result.error_code.name}: {result.error_message}",
+                "ttft_s": first[0] if first else client_ttft(t1 - t0, m), "e2e_s": t1 - t0,
+                "node_ttft_s": m.time_to_first_token_s, "node_total_s": m.total_s,
+                "node_preprocess_s": m.preprocess_s, "node_queue_s": m.queue_s,
+                "output_tokens": m.output_tokens, "prompt_tokens": m.prompt_tokens,
+                "cached_prompt_tokens": m.cached_prompt_tokens, "finish": m.finish_reason,
+                "stamp_ns": m.header.stamp.sec * _NS + m.header.stamp.nanosec}
+
+    return wait
+
+
 class RosSide:
     """The bench's ROS side: cameras, the action client, the baseline trigger, diagnostics."""
 
@@ -143,32 +176,7 @@ class RosSide:
 
     def node_submit(self, prompt: str, max_tokens: int) -> Callable[[], dict[str, Any]]:
         """Send one goal on the latest frame; the returned function waits for its result."""
-        goal = self.client.goal(prompt, "vqa", max_tokens=max_tokens, greedy=True)
-        first: list[float] = []
-        t0 = time.monotonic()
-
-        def on_feedback(fb: Any) -> None:
-            if fb.text_delta and not first:
-                first.append(time.monotonic() - t0)
-
-        handle = self.client.submit(goal, on_feedback)
-        done: list[float] = []
-        handle.future.add_done_callback(lambda _f: done.append(time.monotonic()))
-
-        def wait() -> dict[str, Any]:
-            result = handle.result(600.0)
-            t1 = done[0] if done else time.monotonic()
-            m = result.message
-            return {"ok": result.ok, "error": None if result.ok else
-                    f"{result.status} {result.error_code.name}: {result.error_message}",
-                    "ttft_s": first[0] if first else client_ttft(t1 - t0, m), "e2e_s": t1 - t0,
-                    "node_ttft_s": m.time_to_first_token_s, "node_total_s": m.total_s,
-                    "node_preprocess_s": m.preprocess_s, "node_queue_s": m.queue_s,
-                    "output_tokens": m.output_tokens, "prompt_tokens": m.prompt_tokens,
-                    "cached_prompt_tokens": m.cached_prompt_tokens, "finish": m.finish_reason,
-                    "stamp_ns": m.header.stamp.sec * _NS + m.header.stamp.nanosec}
-
-        return wait
+        return submit_goal(self.client, prompt, max_tokens)
 
     def baseline_request(self, prompt: str, max_tokens: int, seed: int,
                          timeout_s: float = 600.0) -> dict[str, Any]:

@@ -3,6 +3,7 @@
     bench --out out/bench                                   # CPU, the tiny model, every mode
     bench --device gpu --model /root/m2b --time-budget-s 450 --out /tmp/bench
     bench --modes engine,node --repeats 3 --sizes 640x480   # a quick look
+    bench --modes fleet --fleet-robots 4 --repeats 8 --sizes 640x480  # routing policies
 
 One process run starts what it needs, in parallel (starts are the slow part): the in-process
 vLLM engine (engine-only mode, in this process), the node as its own process
@@ -23,6 +24,14 @@ baseline node (``bench/baseline.py``). Then the modes run, interleaved request b
   such parameter.
 - ``lifting``: 3D lifting per goal (depth pick + 10 boxes) at 640x480 and 1280x720, in this
   process (``bench/phases/lifting.py``).
+- ``fleet`` (only when asked: ``--modes fleet``; it starts two more servers, two routers and
+  2 x ``--fleet-robots`` nodes of its own, minutes on CPU): N robots per policy, each a node
+  with ``engine.kind: openai`` and prefill on its own 5 Hz camera, share two ``vllm serve``
+  backends through the real ``vllm-router``, ``consistent_hash`` (session affinity on the
+  node's X-Session-ID) vs ``round_robin``, both routers at once, rounds interleaved: a goal
+  on the latest frame and a follow-up on the same frame; TTFT, prefix-cache hit rate and
+  requests per backend per policy (``bench/phases/fleet.py``). Needs ``vllm-router`` on PATH
+  (an error for the mode otherwise).
 
 Requests: images 640x480, 1280x720, 1920x1080 (a new deterministic picture for every request
 unless the mode is about reuse), a short answer (8 tokens), 128 and 512 output tokens with
@@ -69,6 +78,8 @@ from cosmos_reason_ros.bench.workload import (
     ALL_MODES,
     BASELINE_TOPIC,
     DEVICES,
+    FLEET_CAMERA_HZ,
+    FLEET_ROBOTS,
     LENGTHS,
     NODE_TOPIC,
     REPO_ROOT,
@@ -321,8 +332,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--engine-arg", dest="engine_args", action="append", default=[],
                     metavar="K=V", help="engine setting for all three engines (repeatable)")
     ap.add_argument("--modes", default="",
-                    help=f"comma-separated subset of {','.join(ALL_MODES)} (default: all on "
-                         f"cpu; all but ingest and memory on gpu)")
+                    help=f"comma-separated subset of {','.join(ALL_MODES)} (default: all but "
+                         f"fleet on cpu; all but ingest, memory and fleet on gpu)")
     ap.add_argument("--repeats", type=int, default=0,
                     help="measured rounds per mode (0: the device default); trimmed to fit")
     ap.add_argument("--time-budget-s", type=float, default=0.0,
@@ -339,6 +350,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--memory-frames", type=int, default=10_000)
     ap.add_argument("--memory-goals", type=int, default=1_000)
     ap.add_argument("--memory-frame-size", type=parse_size, default=(640, 480))
+    ap.add_argument("--fleet-robots", type=int, default=FLEET_ROBOTS,
+                    help="fleet mode: robots (node processes) per routing policy")
+    ap.add_argument("--fleet-camera-hz", type=float, default=FLEET_CAMERA_HZ,
+                    help="fleet mode: each robot's camera rate (a prefill per new frame)")
     ap.add_argument("--out", type=Path, default=REPO_ROOT / "out" / "bench")
     ap.add_argument("--render", type=Path, default=None, metavar="DIR",
                     help="only redraw DIR/results.md and the plots from DIR/bench.json")
@@ -372,6 +387,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                  "lifting_runs"):
         if getattr(args, name) < 0:
             ap.error(f"--{name.replace('_', '-')} must be >= 0")
+    if not 1 <= args.fleet_robots <= 16 or not 0.1 <= args.fleet_camera_hz <= 30:
+        ap.error("--fleet-robots must be within 1..16 and --fleet-camera-hz within 0.1..30")
     if args.time_budget_s < 0:
         ap.error("--time-budget-s must be >= 0")
     args.engine_args = parse_engine_args(args.engine_args)

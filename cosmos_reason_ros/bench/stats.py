@@ -558,6 +558,10 @@ def render_report(data: Mapping[str, Any]) -> str:
                                f"{targets['prefill_throughput_ratio']:g}x)",
                                _check(r >= targets["prefill_throughput_ratio"])))
 
+    fleet_lines, fleet_checks = _fleet_section(samples, extra.get("fleet") or {})
+    lines += fleet_lines
+    checks += fleet_checks
+
     if checks:
         lines += ["", "## Targets", ""]
         lines.append(table(("target", "measured", "result"), checks))
@@ -571,3 +575,71 @@ def render_report(data: Mapping[str, Any]) -> str:
         lines += [f"- {n} x {k}" for k, n in list(seen.items())[:20]]
     lines.append("")
     return "\n".join(lines)
+
+
+def fleet_hit_rates(samples: Iterable[Sample]) -> dict[tuple[Any, ...], float]:
+    """Return the prefix-cache hit rate per (policy, question) and (policy, "all").
+
+    Summed cached prompt tokens over summed prompt tokens of the fleet phase's measured goals.
+    """
+    sums: dict[tuple[Any, ...], list[float]] = defaultdict(lambda: [0.0, 0.0])
+    for key, rows in group(samples, ("policy", "question"),
+                           lambda s: s.get("phase") == "fleet").items():
+        for s in rows:
+            for k in (key, (key[0], "all")):
+                sums[k][0] += s.get("cached_prompt_tokens") or 0
+                sums[k][1] += s.get("prompt_tokens") or 0
+    return {k: ratio(c, t) for k, (c, t) in sums.items()}
+
+
+def _fleet_section(samples: Sequence[Sample], fleet: Mapping[str, Any]
+                   ) -> tuple[list[str], list[tuple[str, str, str]]]:
+    """Render the fleet mode's table (affinity vs round robin) and its target line."""
+    def where(s: Sample) -> bool:
+        return s.get("phase") == "fleet"
+
+    ttft = summarize(samples, ("policy",), "node_ttft_s", where)
+    if not ttft:
+        return [], []
+    by_q = summarize(samples, ("policy", "question"), "node_ttft_s", where)
+    client = summarize(samples, ("policy",), "ttft_s", where)
+    hits = fleet_hit_rates(samples)
+    requests = fleet.get("requests_per_backend") or {}
+    lines = ["", f"## Fleet: {fleet.get('robots_per_policy', '?')} robots per policy on two "
+             f"`vllm serve` through `vllm-router`, affinity vs round robin", ""]
+    rows = []
+    for (policy,), t in sorted(ttft.items(), key=lambda kv: str(kv[0][0])):
+        q1, q2 = by_q.get((policy, 1)), by_q.get((policy, 2))
+        c = client.get((policy,))
+        per_backend = requests.get(policy) or {}
+        rows.append((policy, t.n, _ms(t.median), _ms(t.p95),
+                     _ms(q1.median if q1 else math.nan), _ms(q2.median if q2 else math.nan),
+                     _ms(c.median if c else math.nan),
+                     fmt(100 * hits.get((policy, 1), math.nan)),
+                     fmt(100 * hits.get((policy, 2), math.nan)),
+                     fmt(100 * hits.get((policy, "all"), math.nan)),
+                     " / ".join(fmt(v, 0) for _, v in sorted(per_backend.items())) or "–"))
+    lines.append(table(("policy", "goals", "TTFT p50 ms", "TTFT p95 ms", "Q1 TTFT p50",
+                        "Q2 TTFT p50", "client TTFT p50", "Q1 hit %", "Q2 hit %", "hit %",
+                        "requests per backend"), rows))
+    lines += ["", "TTFT: the result's time_to_first_token_s (the node's, from the goal's start). "
+              "Hit %: cached prompt tokens / prompt tokens summed over the goals (Q1: a goal "
+              "on the latest frame of a camera at "
+              f"{fmt(fleet.get('camera_hz', math.nan), 1)} Hz with prefill on; Q2: the "
+              "follow-up on the same frame). Requests per backend: the policy's router's own "
+              "counter over the measured rounds, prefills included."]
+    metrics = fleet.get("backend_metrics") or {}
+    if metrics:
+        lines.append("")
+        lines.append("Backends over the measured rounds (both policies): " + "; ".join(
+            f"{b}: {fmt(m.get('vllm:request_success_total', math.nan), 0)} requests, prefix "
+            f"cache {fmt(m.get('vllm:prefix_cache_hits_total', math.nan), 0)} / "
+            f"{fmt(m.get('vllm:prefix_cache_queries_total', math.nan), 0)} tokens hit"
+            for b, m in sorted(metrics.items())))
+    affinity, rr = hits.get(("affinity", "all")), hits.get(("round_robin", "all"))
+    checks = []
+    if affinity is not None and rr is not None:
+        checks.append(("fleet prefix-cache hit rate, affinity vs round robin",
+                       f"{fmt(100 * affinity)} % vs {fmt(100 * rr)} % (target: affinity "
+                       f"higher)", _check(affinity > rr)))
+    return lines, checks

@@ -15,7 +15,10 @@ from cosmos_reason_ros.bench import stats as benchstats
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ALL_MODES = ("engine", "node", "baseline", "concurrency", "second", "ingest", "memory",
-             "prefill", "lifting")
+             "prefill", "lifting", "fleet")
+# Run unless --modes says otherwise. Not fleet: it starts two more servers, two routers and
+# 2N nodes of its own (minutes on CPU), so it runs only when asked (--modes fleet).
+DEFAULT_MODES = tuple(m for m in ALL_MODES if m != "fleet")
 LENGTHS = {"short": 8, "128": 128, "512": 512}
 PREFILL_BATCH = 8  # concurrent goals for the prefill mode's throughput check (issue #10)
 # The prefill mode's settings: (prefill.enabled, prefill.ready_frame_within_s).
@@ -30,7 +33,16 @@ BASELINE_NS = "/bench_baseline"
 PHASE_WEIGHTS = (benchstats.Slice("latency", 45), benchstats.Slice("concurrency", 15),
                  benchstats.Slice("second", 8), benchstats.Slice("ingest", 10),
                  benchstats.Slice("memory", 17), benchstats.Slice("prefill", 5),
-                 benchstats.Slice("lifting", 1))
+                 benchstats.Slice("lifting", 1), benchstats.Slice("fleet", 20))
+# The fleet mode: robots per routing policy, their cameras' rate, and the two routers'
+# policies (label -> vllm-router --policy). Affinity keys on the node's X-Session-ID header.
+FLEET_ROBOTS = 4
+FLEET_CAMERA_HZ = 5.0
+FLEET_POLICIES = {"affinity": "consistent_hash", "round_robin": "round_robin"}
+# The fleet's two backends on CPU: vLLM CPU's default KV block (128 tokens) is longer than
+# the tiny model's whole image, so nothing but full blocks could ever hit; 32-token blocks
+# (as in test/servers.py) let an image fill several.
+FLEET_CPU_SERVER_ARGS = {"block_size": 32}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,7 +54,7 @@ class DeviceDefaults:
     concurrency: tuple[int, ...]
     repeats: int
     time_budget_s: float
-    modes: tuple[str, ...] = ALL_MODES
+    modes: tuple[str, ...] = DEFAULT_MODES
 
 
 DEVICES = {

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from cosmos_reason_ros.bench.phases import (
     concurrency,
+    fleet,
     ingest,
     latency,
     lifting,
@@ -28,4 +29,5 @@ PHASES: dict[str, Callable[[Bench, Results], None]] = {
     "memory": memory.run,
     "prefill": prefill.run,
     "lifting": lifting.run,
+    "fleet": fleet.run,
 }
