@@ -7,7 +7,9 @@ the first URL not known to be down and moves to the next when that one fails *be
 first token (unreachable, HTTP 5xx/429/401/403/404). A background task probes every URL
 (``/readiness``, else ``/health``), so a URL marked down is first again as soon as it
 answers. After the first token nothing is retried: a broken stream raises
-:class:`EngineUnavailableError`. HTTP 429 and 503 are first retried on the same URL, at most
+:class:`EngineUnavailableError`. HTTP 429, 503 and 500 -- as a status or as an error event
+before the first token; vLLM turns a retryable internal error (``finish_reason`` "error", e.g.
+a multi-modal cache miss) into 500 -- are first retried on the same URL, at most
 ``busy_retries`` times with jittered backoff, within the first-token deadline (a goal's
 deadline cancels the request and any wait). ``GET /v1/models`` is asked on each URL before
 its first use: the configured model must be served there.
@@ -96,7 +98,7 @@ _WARMUP_SIZE = 64  # px; a multiple of every Qwen-VL patch unit (28 and 32)
 # /readiness with 200 while one is up; vllm serve has no /readiness (404): its /health says
 # whether its engine runs. Each URL is asked the first path it answers.
 _HEALTH_PATHS = ("/readiness", "/health")
-_BUSY_STATUSES = (429, 503)  # retried on the same URL, with jitter
+_RETRIED_STATUSES = (429, 500, 503)  # retried on the same URL, with jitter
 _RETRY_BASE_S, _RETRY_CAP_S = 0.25, 2.0
 _ERROR_BODY_BYTES = 64 * 1024  # enough for any error message; the rest is not read
 _OTHER_BODY_BYTES = 1024 * 1024  # /v1/models
@@ -495,12 +497,28 @@ class _Server:
 
 
 class _TryNext(Exception):
-    """The URL failed before the first token; the next one in order may be tried."""
+    """The URL failed before the first token; the next one in order may be tried.
 
-    def __init__(self, error: CosmosReasonError, mark_down: bool) -> None:
+    ``retry_after_s`` (None: no retry) says the same URL may be asked again first, no sooner
+    than that (the server's ``Retry-After``, else 0).
+    """
+
+    def __init__(self, error: CosmosReasonError, mark_down: bool,
+                 retry_after_s: float | None = None) -> None:
         super().__init__(error.message)
         self.error = error
         self.mark_down = mark_down
+        self.retry_after_s = retry_after_s
+
+
+def _retry_delay(failed: _TryNext, retry: int, retries: int,
+                 first_deadline: float) -> float | None:
+    """How long to wait before asking the same URL again, or None to move on."""
+    if failed.retry_after_s is None or retry >= retries:
+        return None
+    delay = random.uniform(0.5, 1.0) * min(_RETRY_CAP_S, _RETRY_BASE_S * 2 ** retry)
+    delay = max(delay, min(_RETRY_CAP_S, failed.retry_after_s))
+    return delay if time.monotonic() + delay < first_deadline else None
 
 
 class OpenAIServerEngine(Engine):
@@ -802,19 +820,34 @@ class OpenAIServerEngine(Engine):
         errors: list[CosmosReasonError] = []
         try:
             for server in servers:
-                try:
-                    attempt = self._attempt(server, fields, request, request_id, flight, t0)
-                    async with contextlib.aclosing(attempt) as chunks:
-                        async for chunk in chunks:
-                            yield chunk
-                    server.served += 1
-                    return
-                except _TryNext as failed:
-                    errors.append(failed.error)
-                    if failed.mark_down:
-                        self._set_state(server, False, failed.error.message)
-                    _LOG.info("request moves on: request_id=%s url=%s error=%s",
-                              request_id, server.url, failed.error.message)
+                first_deadline = min(t0 + self._config.request_timeout_s,
+                                     time.monotonic() + self._config.first_token_timeout_s)
+                for retry in range(self._config.busy_retries + 1):
+                    try:
+                        attempt = self._attempt(server, fields, request, request_id, flight, t0)
+                        async with contextlib.aclosing(attempt) as chunks:
+                            async for chunk in chunks:
+                                yield chunk
+                        server.served += 1
+                        return
+                    except _TryNext as failed:
+                        delay = _retry_delay(failed, retry, self._config.busy_retries,
+                                             first_deadline)
+                        reason = failed.error.message
+                        if delay is None:
+                            errors.append(failed.error)
+                            if failed.mark_down:
+                                self._set_state(server, False, failed.error.message)
+                            _LOG.info("request moves on: request_id=%s url=%s error=%s",
+                                      request_id, server.url, failed.error.message)
+                            break
+                    _LOG.debug("server busy, retrying: url=%s error=%s delay_s=%.2f",
+                               server.url, reason, delay)
+                    if await _step(asyncio.sleep(delay), flight.aborted, delay + 1) \
+                            is _ABORTED:
+                        yield Chunk(finish_reason=FinishReason.CANCELLED,
+                                    elapsed_s=time.monotonic() - t0)
+                        return
             last = errors[-1]
             raise type(last)(last.message if len(errors) == 1 else "every URL failed: "
                              + "; ".join(e.message for e in errors)) from None
@@ -823,53 +856,47 @@ class OpenAIServerEngine(Engine):
 
     async def _open(self, server: _Server, fields: _Fields, request: ChatRequest,
                     request_id: str, flight: _InFlight, first_deadline: float) -> Any:
-        """POST the request; retry 429/503 with jitter; return the response or _ABORTED."""
+        """POST the request; return the response or _ABORTED (``_TryNext`` on an error)."""
         assert self._http is not None
         body, extra = fields  # the OpenAI fields, and vLLM's own (top-level in the JSON too)
         payload = json.dumps({**body, **extra, "model": server.model}).encode()
         headers = self._headers(request_id, request.session_key)
-        for attempt in range(self._config.busy_retries + 1):
-            try:
-                resp = await _step(self._http.post(server.url + "/chat/completions",
-                                                   data=payload, headers=headers),
-                                   flight.aborted, first_deadline - time.monotonic())
-            # aiohttp's connect timeout is also an asyncio.TimeoutError: catch it first.
-            except (aiohttp.ClientConnectorError, aiohttp.ServerTimeoutError,
-                    aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as e:
-                raise _TryNext(EngineUnavailableError(
-                    f"{server.url} unreachable: {type(e).__name__}: "
-                    f"{self._redact(str(e))[:200]}"), mark_down=True) from None
-            except aiohttp.ClientError as e:
-                raise _TryNext(EngineUnavailableError(
-                    f"{server.url} request failed: {type(e).__name__}"), mark_down=False) from None
-            except asyncio.TimeoutError:
-                raise DeadlineExceededError(
-                    f"{server.url} sent no response within first_token_timeout_s="
-                    f"{self._config.first_token_timeout_s}") from None
-            if resp is _ABORTED or resp.status == 200:
-                return resp
-            try:
-                text = await _step(_read_capped(resp, _ERROR_BODY_BYTES), asyncio.Event(),
-                                   self._config.read_timeout_s)
-            except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
-                text = ""
-            finally:
-                resp.close()
-            status, error = resp.status, self._status_error(resp.status, text, server)
-            delay = random.uniform(0.5, 1.0) * min(_RETRY_CAP_S, _RETRY_BASE_S * 2 ** attempt)
-            with contextlib.suppress(KeyError, TypeError, ValueError):  # the server's hint
-                delay = max(delay, min(_RETRY_CAP_S, float(resp.headers["Retry-After"])))
-            if status in _BUSY_STATUSES and attempt < self._config.busy_retries \
-                    and time.monotonic() + delay < first_deadline:
-                _LOG.debug("server busy, retrying: url=%s status=%d delay_s=%.2f",
-                           server.url, status, delay)
-                if await _step(asyncio.sleep(delay), flight.aborted, delay + 1) is _ABORTED:
-                    return _ABORTED
-                continue
-            if status >= 500 or status in (401, 403, 404, 429):
-                raise _TryNext(error, mark_down=status in (502, 503, 504))
-            raise error
-        raise AssertionError("unreachable")  # the last attempt returns or raises
+        try:
+            resp = await _step(self._http.post(server.url + "/chat/completions",
+                                               data=payload, headers=headers),
+                               flight.aborted, first_deadline - time.monotonic())
+        # aiohttp's connect timeout is also an asyncio.TimeoutError: catch it first.
+        except (aiohttp.ClientConnectorError, aiohttp.ServerTimeoutError,
+                aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as e:
+            raise _TryNext(EngineUnavailableError(
+                f"{server.url} unreachable: {type(e).__name__}: "
+                f"{self._redact(str(e))[:200]}"), mark_down=True) from None
+        except aiohttp.ClientError as e:
+            raise _TryNext(EngineUnavailableError(
+                f"{server.url} request failed: {type(e).__name__}"), mark_down=False) from None
+        except asyncio.TimeoutError:
+            raise DeadlineExceededError(
+                f"{server.url} sent no response within first_token_timeout_s="
+                f"{self._config.first_token_timeout_s}") from None
+        if resp is _ABORTED or resp.status == 200:
+            return resp
+        try:
+            text = await _step(_read_capped(resp, _ERROR_BODY_BYTES), asyncio.Event(),
+                               self._config.read_timeout_s)
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+            text = ""
+        finally:
+            resp.close()
+        status, error = resp.status, self._status_error(resp.status, text, server)
+        if status >= 500 or status in (401, 403, 404, 429):
+            retry_after_s = None
+            if status in _RETRIED_STATUSES:
+                retry_after_s = 0.0
+                with contextlib.suppress(KeyError, TypeError, ValueError):  # the server's hint
+                    retry_after_s = float(resp.headers["Retry-After"])
+            raise _TryNext(error, mark_down=status in (502, 503, 504),
+                           retry_after_s=retry_after_s)
+        raise error
 
     async def _attempt(self, server: _Server, fields: _Fields, request: ChatRequest,
                        request_id: str, flight: _InFlight, t0: float) -> AsyncIterator[Chunk]:
@@ -975,5 +1002,6 @@ class OpenAIServerEngine(Engine):
         code = err.get("code") if isinstance(err.get("code"), int) else 500
         error = self._status_error(code, json.dumps(event), server)
         if not started and (code >= 500 or code == 429):
-            return _TryNext(error, mark_down=False)
+            return _TryNext(error, mark_down=False,
+                            retry_after_s=0.0 if code in _RETRIED_STATUSES else None)
         return EngineUnavailableError(error.message) if code >= 500 else error

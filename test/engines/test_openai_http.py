@@ -486,6 +486,34 @@ def test_busy_server_is_retried_with_jitter_before_any_fallback() -> None:
     run(body())
 
 
+def test_vllm_retryable_500_is_asked_again_on_the_same_url() -> None:
+    # vLLM turns a retryable internal error (finish_reason "error", e.g. a multi-modal cache
+    # miss under load) into HTTP 500, or into an error event in a stream already begun.
+    calls = {"n": 0}
+
+    async def flaky(request: web.Request) -> web.StreamResponse:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            return web.json_response({"error": {"message": "Multi-modal processor cache miss.",
+                                                "code": 500}}, status=500)
+        if calls["n"] == 2:
+            return await stream_events(request, [sse({"error": {
+                "message": "Multi-modal processor cache miss.", "code": 500}})], 0)
+        return await good_chat()(request)
+
+    async def body() -> None:
+        async with FakeServer(flaky) as only, engine_for(fake_cfg(only)) as engine:
+            chunks = await collect(engine, image_request())
+            assert "".join(c.text_delta for c in chunks) == "A cup"
+            assert len(only.bodies) == 3
+        async with FakeServer(status_chat(500, "always broken")) as broken, \
+                engine_for(fake_cfg(broken, busy_retries=1)) as engine:
+            with pytest.raises(EngineError, match="always broken"):
+                await collect(engine, image_request())
+            assert len(broken.bodies) == 2  # the first try and one retry, then it gives up
+    run(body())
+
+
 def test_all_urls_failing_raise_with_every_reason() -> None:
     async def body() -> None:
         async with FakeServer(status_chat(500, "boom")) as a, \
