@@ -24,8 +24,9 @@ baseline node (``bench/baseline.py``). Then the modes run, interleaved request b
   such parameter.
 - ``lifting``: 3D lifting per goal (depth pick + 10 boxes) at 640x480 and 1280x720, in this
   process (``bench/phases/lifting.py``).
-- ``fleet`` (only when asked: ``--modes fleet``; it starts two more servers, two routers and
-  2 x ``--fleet-robots`` nodes of its own, minutes on CPU): N robots per policy, each a node
+- ``fleet`` (only when asked: ``--modes fleet``; it starts two more servers (or uses
+  ``--fleet-backends``), two routers and 2 x ``--fleet-robots`` nodes of its own, minutes on
+  CPU): N robots per policy, each a node
   with ``engine.kind: openai`` and prefill on its own 5 Hz camera, share two ``vllm serve``
   backends through the real ``vllm-router``, ``consistent_hash`` (session affinity on the
   node's X-Session-ID) vs ``round_robin``, both routers at once, rounds interleaved: a goal
@@ -354,6 +355,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="fleet mode: robots (node processes) per routing policy")
     ap.add_argument("--fleet-camera-hz", type=float, default=FLEET_CAMERA_HZ,
                     help="fleet mode: each robot's camera rate (a prefill per new frame)")
+    ap.add_argument("--fleet-backends", default="", metavar="URL,URL",
+                    help="fleet mode: servers already running (roots, e.g. "
+                         "http://gpu1:8000,http://gpu2:8000) instead of starting two")
     ap.add_argument("--out", type=Path, default=REPO_ROOT / "out" / "bench")
     ap.add_argument("--render", type=Path, default=None, metavar="DIR",
                     help="only redraw DIR/results.md and the plots from DIR/bench.json")
@@ -389,6 +393,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
             ap.error(f"--{name.replace('_', '-')} must be >= 0")
     if not 1 <= args.fleet_robots <= 16 or not 0.1 <= args.fleet_camera_hz <= 30:
         ap.error("--fleet-robots must be within 1..16 and --fleet-camera-hz within 0.1..30")
+    args.fleet_backends = [u.strip().rstrip("/") for u in args.fleet_backends.split(",")
+                           if u.strip()]
+    if args.fleet_backends and (len(args.fleet_backends) < 2 or not all(
+            u.startswith(("http://", "https://")) for u in args.fleet_backends)):
+        ap.error(f"--fleet-backends {','.join(args.fleet_backends)!r}: expected two or more "
+                 f"http(s):// server roots")
     if args.time_budget_s < 0:
         ap.error("--time-budget-s must be >= 0")
     args.engine_args = parse_engine_args(args.engine_args)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import random
 import shutil
 import threading
@@ -145,6 +146,16 @@ class _Cameras:
         self.rclpy.try_shutdown(context=self.context)
 
 
+def _served_model(root: str) -> str:
+    """Return the model a running server serves (the first of its ``/v1/models``)."""
+    status, text = http_get(root + "/v1/models")
+    try:
+        return str(json.loads(text)["data"][0]["id"])
+    except (ValueError, KeyError, IndexError, TypeError):
+        raise RuntimeError(f"{root}/v1/models: HTTP {status}, no model in {text[:200]!r}"
+                           ) from None
+
+
 def _router_counts(metrics_port: int, workers: list[str]) -> dict[str, float]:
     """Return the requests the router sent to each worker so far (its per-worker counter)."""
     status, text = http_get(f"http://127.0.0.1:{metrics_port}/metrics")
@@ -232,14 +243,19 @@ def run(bench: Bench, results: Results) -> None:
     robots: list[Robot] = []
     cameras: _Cameras | None = None
     try:
-        ports = [free_port(), free_port()]
-        workers = [f"http://127.0.0.1:{p}" for p in ports]
-        servers = [start_server(a.model, settings, extras, p, log_dir, name=f"fleet_server{i}")
-                   for i, p in enumerate(ports)]
-        procs += servers
-        starts = {f"backend{i}": s.wait_url(workers[i] + "/health",
-                                            min(deadline, time.monotonic() + SERVER_START_S))
-                  for i, s in enumerate(servers)}
+        if a.fleet_backends:  # servers already running (a rack, or a test's)
+            workers, starts = list(a.fleet_backends), {}
+            served = _served_model(workers[0])
+        else:
+            ports = [free_port(), free_port()]
+            workers = [f"http://127.0.0.1:{p}" for p in ports]
+            servers = [start_server(a.model, settings, extras, p, log_dir,
+                                    name=f"fleet_server{i}") for i, p in enumerate(ports)]
+            procs += servers
+            starts = {f"backend{i}": s.wait_url(workers[i] + "/health",
+                                                min(deadline, time.monotonic() + SERVER_START_S))
+                      for i, s in enumerate(servers)}
+            served = SERVED_NAME
         routers: dict[str, tuple[Proc, str, int]] = {}
         for policy, flag in FLEET_POLICIES.items():
             port, metrics_port = free_port(), free_port()
@@ -254,7 +270,7 @@ def run(bench: Bench, results: Results) -> None:
             for i in range(n):
                 ns = f"/fleet/{policy}/robot{i}"
                 proc = start_ros_node(f"fleet_{policy}_robot{i}", "remote_server", {
-                    "engine.url": root + "/v1", "engine.model": SERVED_NAME,
+                    "engine.url": root + "/v1", "engine.model": served,
                     "engine.api_key_env": "",
                     "engine.connect_timeout_s": 2.0, "engine.read_timeout_s": 30.0,
                     "engine.start_timeout_s": START_S, "prefill.enabled": True,
