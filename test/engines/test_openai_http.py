@@ -491,7 +491,7 @@ def test_vllm_retryable_500_is_asked_again_on_the_same_url() -> None:
     # miss under load) into HTTP 500, or into an error event in a stream already begun.
     calls = {"n": 0}
 
-    async def flaky(request: web.Request) -> web.StreamResponse:
+    async def fails_twice(request: web.Request) -> web.StreamResponse:
         calls["n"] += 1
         if calls["n"] == 1:
             return web.json_response({"error": {"message": "Multi-modal processor cache miss.",
@@ -502,7 +502,7 @@ def test_vllm_retryable_500_is_asked_again_on_the_same_url() -> None:
         return await good_chat()(request)
 
     async def body() -> None:
-        async with FakeServer(flaky) as only, engine_for(fake_cfg(only)) as engine:
+        async with FakeServer(fails_twice) as only, engine_for(fake_cfg(only)) as engine:
             chunks = await collect(engine, image_request())
             assert "".join(c.text_delta for c in chunks) == "A cup"
             assert len(only.bodies) == 3
