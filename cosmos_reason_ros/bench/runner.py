@@ -52,6 +52,7 @@ import json
 import os
 import platform
 import random
+import shutil
 import signal
 import sys
 import time
@@ -120,13 +121,18 @@ class Bench:
         return self.seed
 
     def needs(self, part: str) -> bool:
-        """Whether any chosen mode needs ``part`` (engine, node, baseline)."""
+        """Whether any chosen mode needs ``part`` (engine, node, baseline).
+
+        ``second`` and ``concurrency`` measure the sides named in ``--modes`` (``--modes
+        node,second``: the node alone); with none named, every side they can measure.
+        """
         m = set(self.modes)
-        if part == "engine":
-            return bool(m & {"engine", "concurrency", "second"})
-        if part == "node":
-            return bool(m & {"node", "concurrency", "second", "ingest", "memory", "prefill"})
-        return bool(m & {"baseline", "second"})
+        if part in m:
+            return True
+        compared = {"second", "concurrency"} if part != "baseline" else {"second"}
+        if m & compared and not m & {"engine", "node", "baseline"}:
+            return True
+        return part == "node" and bool(m & {"ingest", "memory", "prefill"})
 
     def start(self, results: Results) -> None:
         """Start the node, the server and the in-process engine in parallel."""
@@ -359,6 +365,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="fleet mode: servers already running (roots, e.g. "
                          "http://gpu1:8000,http://gpu2:8000) instead of starting two")
     ap.add_argument("--out", type=Path, default=REPO_ROOT / "out" / "bench")
+    ap.add_argument("--archive", action="store_true",
+                    help="also pack OUT (results, plots, logs) into OUT.tar.gz")
     ap.add_argument("--render", type=Path, default=None, metavar="DIR",
                     help="only redraw DIR/results.md and the plots from DIR/bench.json")
     return ap
@@ -472,6 +480,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     statuses = {m: results.data["modes"].get(m, {}).get("status", "not run") for m in args.modes}
     print("bench: " + ", ".join(f"{m}={s}" for m, s in statuses.items()), flush=True)
     print((args.out / "results.md").read_text(), flush=True)
+    if args.archive:
+        # One file for machines that hand back a few files only (the GPU machine's $OUT):
+        # results, samples, plots and every process log together.
+        archive = shutil.make_archive(str(args.out), "gztar", args.out.parent, args.out.name)
+        print(f"bench: the whole run packed into {archive}", flush=True)
     return 0 if all(s in ("ran", "skipped") for s in statuses.values()) else 1
 
 

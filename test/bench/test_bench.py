@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -43,6 +44,34 @@ def test_pictures_are_deterministic_and_differ_per_seed() -> None:
     a, b = workload.picture(64, 48, 3), workload.picture(64, 48, 3)
     assert a.shape == (48, 64, 3) and (a == b).all()
     assert not (a == workload.picture(64, 48, 4)).all()
+
+
+@pytest.mark.parametrize(("modes", "started"), [
+    ("node,second", {"node"}),  # issue 25: no vllm serve baseline unless it is asked for
+    ("engine,concurrency", {"engine"}),
+    ("second", {"engine", "node", "baseline"}),  # no side named: every side it can compare
+    ("concurrency", {"engine", "node"}),
+    ("prefill", {"node"}),
+    ("lifting", set()),
+])
+def test_a_run_starts_only_the_sides_its_modes_measure(modes: str, started: set[str]) -> None:
+    bench = runner.Bench(runner.parse_args(["--modes", modes]))
+    try:
+        assert {part for part in ("engine", "node", "baseline") if bench.needs(part)} == started
+    finally:
+        bench.gc_pauses.uninstall()
+
+
+def test_archive_packs_the_whole_run_into_one_file(tmp_path: Path) -> None:
+    # The lifting phase runs in-process (no engine, no node): seconds.
+    out = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "cosmos_reason_ros.bench", "--modes", "lifting",
+                           "--lifting-runs", "2", "--archive", "--out", str(out)],
+                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    with tarfile.open(tmp_path / "run.tar.gz") as archive:
+        names = set(archive.getnames())
+    assert {"run/bench.json", "run/results.md"} <= names, names
 
 
 def test_every_mode_is_run_by_a_phase() -> None:
