@@ -22,7 +22,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 PY312=${PY312:-/root/.pyenv/versions/3.12.1/bin/python}     # any CPython 3.12
 WORK=${WORK:-/work/ros312-dl}                                # downloads + a 3.12 build venv
-KIT_DIR=${KIT_DIR:-/work/gpu-carry}
+KIT_DIR=${KIT_DIR:-/work/gpu-carry/kit}  # where pack_calls.sh looks ($CARRY/kit)
 PREFIX=/tmp/ros312                                           # fixed: the device uses this path
 LOCK="$ROOT/requirements/lock-kilted.txt"
 t0=$(date +%s)
