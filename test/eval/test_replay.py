@@ -39,7 +39,7 @@ queries:
     prompt: The red box is left of the blue cup.
     expect: {kind: yes_no, value: "yes", informational: true}
   - name: next
-    at: 1.23
+    at: 0.23
     source: next
     prompt: Describe the scene.
   - name: clip

@@ -130,7 +130,9 @@ def test_no_periodic_run_starts_while_a_goal_holds_the_node(make_node):
     wait_until(lambda: int(diag(n)["periodic_run"]) >= 2, what="periodic runs on the timer")
     handle = n.send(prompt="hold", source=Reason.Goal.SOURCE_NEXT, wait_for_image_s=30.0)
     assert handle.accepted
-    wait_until(lambda: diag(n)["periodic_busy"] == "0", what="the last run to finish")
+    # Accepted is not yet running: the goal holds the node once its execution took a slot.
+    wait_until(lambda: (lambda d: (d["goals_active"], d["periodic_busy"]) == ("1", "0"))(
+        diag(n)), what="the goal to hold the node and the last run to finish")
     held = diag(n)
     assert held["goals_active"] == "1"
     skipped = int(held["periodic_skipped"])

@@ -30,9 +30,7 @@ from action_msgs.msg import GoalStatus  # noqa: E402
 from fake_engine import FakeEngine, Script  # noqa: E402
 from inprocess_node import InProcessNode, image_msg  # noqa: E402
 from node_process import (  # noqa: E402
-    ENDLESS_LIMITS,
     ENDLESS_SCHEMA,
-    ENDLESS_TOKENS,
     REPO_ROOT,
     NodeProcess,
     ProcessTree,
@@ -53,6 +51,7 @@ pytestmark = [pytest.mark.ros]
 Goal = Reason.Goal
 Feedback = Reason.Feedback
 ENGINE_PROCESSES = {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
+LONG_TOKENS = 7000
 GRACE_S = 5.0  # no descendant may be alive this long after the node ended
 EXIT_BOUND_S = 15.0  # signal to exit, on a loaded 2-core machine (measured: RELIABILITY.md)
 
@@ -299,8 +298,13 @@ def test_ctrl_c_while_serving_ends_every_goal_with_its_result(tiny_qwen3_vl):
 
     Ctrl-C in a terminal reaches the node's whole process group, the engine's processes too.
     """
+    # The generating goal must outlast the set-up of the queued one on a loaded machine: 7000
+    # tokens in an 8192-token context, 20-30 s here (3000 tokens ended in ~10 s, before a
+    # starved client had seen the queued goal's feedback).
     node, tree = start_node(tiny_qwen3_vl, {"limits.max_concurrent_goals": 2,
-                                            "limits.max_queued_goals": 2, **ENDLESS_LIMITS})
+                                            "limits.max_queued_goals": 2,
+                                            "engine.max_model_len": 8192,
+                                            "limits.max_tokens": LONG_TOKENS})
     io: IO | None = None
     try:
         node.wait_ready()
@@ -312,7 +316,7 @@ def test_ctrl_c_while_serving_ends_every_goal_with_its_result(tiny_qwen3_vl):
                             Feedback.STAGE_WAITING_FOR_IMAGE)
         generating = io.submit(ReasonClient.goal(
             "Long.", source=Goal.SOURCE_GOAL_IMAGE, image=rgb_image_msg(scene(64, 48), 1),
-            response_schema=ENDLESS_SCHEMA, max_tokens=ENDLESS_TOKENS),
+            response_schema=ENDLESS_SCHEMA, max_tokens=LONG_TOKENS),
             Feedback.STAGE_GENERATING, min_tokens=1)
         queued = io.submit(ReasonClient.goal("Later?", source=Goal.SOURCE_GOAL_IMAGE,
                                              image=rgb_image_msg(scene(64, 48), 2),
