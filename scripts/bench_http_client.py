@@ -17,14 +17,15 @@ import asyncio
 import base64
 import importlib.util
 import json
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import httpx2
@@ -35,6 +36,7 @@ from aiohttp import web
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from cosmos_reason_ros.bench.processes import free_port  # noqa: E402
 from cosmos_reason_ros.core.imaging import encode_jpeg  # noqa: E402
 from cosmos_reason_ros.core.types import ChatRequest, ContentPart, Message, Sampling  # noqa: E402
 from cosmos_reason_ros.engines.openai_http import (  # noqa: E402
@@ -132,11 +134,9 @@ async def _engines_side_by_side(old, base: str, model: str, rounds: int, max_tok
               f" ms p95 {_q(total, 95) * 1e3:7.1f} (n={rounds})")
 
 
-async def _bare_clients(base: str, rounds: int) -> None:
-    client = openai.AsyncOpenAI(base_url=base, api_key="unused", max_retries=0)
-    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 256,
-            "stream": True}
-
+def _sdk_streams(client: Any, body: dict[str, Any]) -> tuple[Callable[[], Awaitable[None]],
+                                                             Callable[[], Awaitable[None]]]:
+    """Stream ``body`` to the end through the SDK: typed ``create()``, untyped ``post()``."""
     async def typed() -> None:
         async for _ in await client.chat.completions.create(**body):
             pass
@@ -145,6 +145,15 @@ async def _bare_clients(base: str, rounds: int) -> None:
         async for _ in await client.post("/chat/completions", body=body, cast_to=object,
                                          stream=True, stream_cls=openai.AsyncStream[object]):
             pass
+    return typed, untyped
+
+
+async def _bare_clients(base: str, rounds: int) -> None:
+    client = openai.AsyncOpenAI(base_url=base, api_key="unused", max_retries=0)
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 256,
+            "stream": True}
+
+    typed, untyped = _sdk_streams(client, body)
 
     async with aiohttp.ClientSession() as session:
         async def plain() -> None:
@@ -164,14 +173,7 @@ async def _bare_clients(base: str, rounds: int) -> None:
         payload = json.dumps(one).encode()
         transport = httpx2.AsyncClient(timeout=None)
 
-        async def one_typed() -> None:
-            async for _ in await client.chat.completions.create(**one):
-                pass
-
-        async def one_untyped() -> None:
-            async for _ in await client.post("/chat/completions", body=one, cast_to=object,
-                                             stream=True, stream_cls=openai.AsyncStream[object]):
-                pass
+        one_typed, one_untyped = _sdk_streams(client, one)
 
         async def one_httpx2() -> None:
             async with transport.stream("POST", base + "/chat/completions", json=one) as r:
@@ -216,9 +218,7 @@ async def main() -> None:
     app.router.add_get("/v1/models", _models)
     runner = web.AppRunner(app)
     await runner.setup()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     await web.TCPSite(runner, "127.0.0.1", port).start()
     base = f"http://127.0.0.1:{port}/v1"
     await _bare_clients(base, args.rounds // 2)

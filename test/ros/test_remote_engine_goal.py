@@ -18,7 +18,6 @@ from __future__ import annotations
 import importlib.util
 import os
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -30,6 +29,7 @@ import pytest
 rclpy = pytest.importorskip("rclpy", reason="needs the ROS 2 wheels (make setup)")
 from node_process import NodeProcess, rgb_image_msg, scene  # noqa: E402
 from sensor_msgs.msg import Image  # noqa: E402
+from servers import free_port  # noqa: E402
 from spun_node import SpunNode  # noqa: E402
 
 from cosmos_reason_ros.client import ReasonClient  # noqa: E402
@@ -68,12 +68,6 @@ def tiny_model_dir() -> Path:
     except ImportError as e:  # no torch here and nothing cached: the other venv builds it
         pytest.skip(f"tiny model not cached and cannot be built here ({e}): run "
                     "make setup ROS_DISTRO=kilted first")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
