@@ -37,9 +37,15 @@ from cosmos_reason_ros.core.types import CosmosReasonError
 from cosmos_reason_ros.engines.base import Engine
 from cosmos_reason_ros.ros import process_life
 from cosmos_reason_ros.ros.config import RUNTIME_PARAMS, ConfigError, declared_values, validate
-from cosmos_reason_ros.ros.node import NODE_NAME, SHUTDOWN_GOALS_S, ReasonNode
+from cosmos_reason_ros.ros.node import (
+    NODE_NAME,
+    SHUTDOWN_GOALS_S,
+    ReasonNode,
+    threads_for_goals,
+)
 
 ENABLE_PARAM = "lifecycle.enabled"
+TRANSITION_SPARE = 5  # the plain node's spare threads, plus one for a transition
 Transition = Callable[["ManagedReasonNode", LifecycleState], TransitionCallbackReturn]
 
 
@@ -97,8 +103,8 @@ class ManagedReasonNode(ReasonNode, LifecycleNode):
         # Every running and queued goal blocks an executor thread, and the executor is made
         # once: its size comes from the limits given at start (configure refuses more).
         limits = declared_values(self)
-        self._threads = (limits["limits.max_concurrent_goals"]
-                         + limits["limits.max_queued_goals"] + 5)
+        self._threads = threads_for_goals(limits["limits.max_concurrent_goals"],
+                                          limits["limits.max_queued_goals"], TRANSITION_SPARE)
         self._owned_publishers: list[Any] = []
         self.add_on_set_parameters_callback(self._on_set_managed)
 
@@ -146,7 +152,8 @@ class ManagedReasonNode(ReasonNode, LifecycleNode):
         except ConfigError as e:
             self.get_logger().error(f"lifecycle: configure refused: {e}")
             return TransitionCallbackReturn.FAILURE
-        need = params.limits.max_concurrent_goals + params.limits.max_queued_goals + 5
+        need = threads_for_goals(params.limits.max_concurrent_goals,
+                                params.limits.max_queued_goals, TRANSITION_SPARE)
         if need > self._threads:
             self.get_logger().error(
                 f"lifecycle: configure refused: limits.max_concurrent_goals + "

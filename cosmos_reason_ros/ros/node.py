@@ -298,7 +298,7 @@ class ReasonNode(Node):
 
     def executor_threads(self) -> int:
         """Threads the executor needs: every running and queued goal blocks one."""
-        return self.slots.max_running + self.slots.max_queued + 4
+        return threads_for_goals(self.slots.max_running, self.slots.max_queued)
 
     def now_ns(self) -> int:
         """Return the node clock (sim time under replay) in nanoseconds."""
@@ -416,6 +416,11 @@ class ReasonNode(Node):
                                                      ErrorCode.BAD_REQUEST) else "aborted")
 
     # --- diagnostics ---------------------------------------------------------------------
+
+
+def threads_for_goals(max_running: int, max_queued: int, spare: int = 4) -> int:
+    """Threads the goal executor needs: every running and queued goal blocks one."""
+    return max_running + max_queued + spare
 
 
 # Shutdown bounds (docs/RELIABILITY.md, "Shutdown and signals"): goals stopped by the node end
