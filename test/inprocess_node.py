@@ -40,6 +40,9 @@ from cosmos_reason_ros.ros.node import ReasonNode
 BASE_PARAMS: dict[str, Any] = {"engine.model": "fake-model", "model.family": "cosmos_reason2",
                                "engine.freeze_heap": False, "diagnostics.period_s": 0.1,
                                "image.wait_s": 0.3,
+                               # Any age: on a loaded machine seconds can pass between a
+                               # test's one frame and its goals; the age tests set a limit.
+                               "image.max_age_s": 0.0,
                                # Reliable with depth: bursts of test frames all arrive.
                                "image.qos_reliability": "reliable", "image.qos_depth": 30}
 # Deep action queues, like the package's ReasonClient: all goals share one feedback topic, and
@@ -205,6 +208,7 @@ class InProcessNode:
 
     def close(self) -> None:
         """Tear down both sides."""
+        self.side.stop()
         self.client.destroy()
         self.side.close()
         self.node.close()

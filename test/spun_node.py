@@ -24,7 +24,8 @@ class SpunNode:
         self.node = rclpy.create_node(name, context=self.context)
         self.executor = MultiThreadedExecutor(context=self.context)
         self.executor.add_node(self.node)
-        threading.Thread(target=self.executor.spin, daemon=True).start()
+        self._spinning = threading.Thread(target=self.executor.spin, daemon=True)
+        self._spinning.start()
 
     def now_ns(self) -> int:
         """The node's clock, in nanoseconds."""
@@ -40,8 +41,14 @@ class SpunNode:
             time.sleep(0.05)
         return True
 
+    def stop(self) -> None:
+        """Stop spinning; after this, entities the node does not own (action clients) can be
+        destroyed without the spin thread adding a freed handle to its wait set."""
+        self.executor.shutdown()
+        self._spinning.join(timeout=5.0)
+
     def close(self) -> None:
         """Stop spinning, destroy the node and shut its context down."""
-        self.executor.shutdown()
+        self.stop()
         self.node.destroy_node()
         rclpy.try_shutdown(context=self.context)
