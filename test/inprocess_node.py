@@ -29,7 +29,7 @@ from rclpy.lifecycle import TransitionCallbackReturn
 from rclpy.parameter import Parameter
 from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
 from sensor_msgs.msg import CompressedImage, Image
-from spun_node import SpunNode
+from spun_node import SpinThread, SpunNode
 
 from cosmos_reason_interfaces.action import Reason
 from cosmos_reason_interfaces.msg import ReasoningResult
@@ -90,8 +90,7 @@ class InProcessNode:
         self.executor = MultiThreadedExecutor(num_threads=self.node.executor_threads(),
                                               context=self.context)
         self.executor.add_node(self.node)
-        self._spin = threading.Thread(target=self.executor.spin, daemon=True)
-        self._spin.start()
+        self.spinning = SpinThread(self.executor)
         self.side = SpunNode("inprocess_client")
         self.client = ActionClient(self.side.node, Reason, "/cosmos_reason/reason",
                                    goal_service_qos_profile=ACTION_QOS,
@@ -208,11 +207,11 @@ class InProcessNode:
 
     def close(self) -> None:
         """Tear down both sides."""
-        self.side.stop()
+        self.side.spinning.stop()  # before the client goes: its handle leaves the wait set
         self.client.destroy()
         self.side.close()
         self.node.close()
-        self.executor.shutdown(timeout_sec=2.0)
+        self.spinning.stop()
         self.node.destroy_node()
         rclpy.try_shutdown(context=self.context)
 

@@ -11,6 +11,31 @@ from rclpy.context import Context
 from rclpy.executors import MultiThreadedExecutor
 
 
+class SpinThread:
+    """Spins an executor in a daemon thread until ``stop``.
+
+    ``stop`` ends the loop, joins the thread, then shuts the executor down. (Shutting it down
+    while its thread spins races: the executor frees its guard condition under the thread,
+    and a thread still inside rcl's wait at interpreter exit aborts it, ros2/rclpy#1484.)
+    """
+
+    def __init__(self, executor: Any) -> None:
+        self.executor = executor
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._spin, daemon=True)
+        self._thread.start()
+
+    def _spin(self) -> None:
+        while not self._stop.is_set():
+            self.executor.spin_once(timeout_sec=0.05)
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """End the loop and the thread (bounded), then shut the executor down."""
+        self._stop.set()
+        self._thread.join(timeout_s)
+        self.executor.shutdown(timeout_sec=2.0)
+
+
 class SpunNode:
     """A node on its own context (so its own DDS participant), spun by a background executor.
 
@@ -24,8 +49,7 @@ class SpunNode:
         self.node = rclpy.create_node(name, context=self.context)
         self.executor = MultiThreadedExecutor(context=self.context)
         self.executor.add_node(self.node)
-        self._spinning = threading.Thread(target=self.executor.spin, daemon=True)
-        self._spinning.start()
+        self.spinning = SpinThread(self.executor)
 
     def now_ns(self) -> int:
         """The node's clock, in nanoseconds."""
@@ -41,14 +65,8 @@ class SpunNode:
             time.sleep(0.05)
         return True
 
-    def stop(self) -> None:
-        """Stop spinning; after this, entities the node does not own (action clients) can be
-        destroyed without the spin thread adding a freed handle to its wait set."""
-        self.executor.shutdown()
-        self._spinning.join(timeout=5.0)
-
     def close(self) -> None:
         """Stop spinning, destroy the node and shut its context down."""
-        self.stop()
+        self.spinning.stop()
         self.node.destroy_node()
         rclpy.try_shutdown(context=self.context)

@@ -23,7 +23,7 @@ from cosmos_reason_ros.core.lifting import (
     lift_point,
     lift_trajectory,
 )
-from cosmos_reason_ros.core.rgbd import CameraModel, check_registration, depth_to_metres
+from cosmos_reason_ros.core.rgbd import CameraModel, check_registration, depth_image
 from cosmos_reason_ros.core.types import CosmosReasonError, ReasonOutcome
 
 P = TypeVar("P")
@@ -116,15 +116,15 @@ class DepthLifter(Generic[P]):
             scale = check_registration(colour_size, (depth.width, depth.height),
                                        colour_frame_id, depth.frame_id,
                                        s.registered_frame_id, camera)
-            metres = depth_to_metres(depth.encoding, depth.width, depth.height, depth.step,
-                                     depth.data, depth.is_bigendian, s.scale)
+            stored = depth_image(depth.encoding, depth.width, depth.height, depth.step,
+                                 depth.data, depth.is_bigendian, s.scale)
         except CosmosReasonError as e:
             return Answer3D(LiftCode.BAD_DEPTH, e.message, colour_frame_id, frame.stamp_ns)
         settings = s.lift
         boxes = tuple(_DEGENERATE if b.degenerate
-                      else lift_box(metres, camera, b, scale, settings) for b in outcome.boxes)
-        points = tuple(lift_point(metres, camera, p, scale, settings) for p in outcome.points)
-        trajectories = tuple(lift_trajectory(metres, camera, t, scale, settings)
+                      else lift_box(stored, camera, b, scale, settings) for b in outcome.boxes)
+        points = tuple(lift_point(stored, camera, p, scale, settings) for p in outcome.points)
+        trajectories = tuple(lift_trajectory(stored, camera, t, scale, settings)
                              for t in outcome.trajectories)
         return Answer3D(LiftCode.OK, "", colour_frame_id, frame.stamp_ns, boxes, points,
                         trajectories)

@@ -1,7 +1,8 @@
 """Lift 2D boxes, points and trajectories to 3D with a registered depth image and intrinsics.
 
-Inputs are a depth image in metres (:func:`~cosmos_reason_ros.core.rgbd.depth_to_metres`),
-registered to the colour image at an integer down-scale ``scale``
+Inputs are a depth image (a :class:`~cosmos_reason_ros.core.rgbd.DepthImage`, stored units
+read as metres pixel by pixel, or an array already in metres), registered to the colour image
+at an integer down-scale ``scale``
 (:func:`~cosmos_reason_ros.core.rgbd.check_registration`), the colour camera's
 :class:`~cosmos_reason_ros.core.rgbd.CameraModel` (rectified images assumed), and 2D items in
 continuous colour-image pixels. Outputs are in the camera's optical frame (x right, y down,
@@ -45,7 +46,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cosmos_reason_ros.core.rgbd import CameraModel
+from cosmos_reason_ros.core.rgbd import CameraModel, DepthImage
 from cosmos_reason_ros.core.types import BadImageError, BadRequestError, Box, Point, Trajectory
 
 _NAN3 = (math.nan, math.nan, math.nan)
@@ -119,25 +120,24 @@ DEFAULT_SETTINGS = LiftSettings()
 
 
 def lift_box(
-    depth_m: np.ndarray,
+    depth: DepthImage | np.ndarray,
     camera: CameraModel,
     box: Box,
     scale: int = 1,
     settings: LiftSettings = DEFAULT_SETTINGS,
 ) -> Lifted:
     """Lift a box (colour-image pixels) to the 3D centre and size of the object it frames."""
-    _check_depth(depth_m, camera, scale)
-    return _lift_box(depth_m, camera, box, scale, settings)
+    return _lift_box(_checked(depth, camera, scale), camera, box, scale, settings)
 
 
-def _lift_box(depth_m: np.ndarray, camera: CameraModel, box: Box, scale: int,
+def _lift_box(depth: DepthImage, camera: CameraModel, box: Box, scale: int,
               settings: LiftSettings) -> Lifted:
-    window = _pixel_window(depth_m.shape, scale, box.x_min, box.x_max, box.y_min, box.y_max,
+    window = _pixel_window(depth.shape, scale, box.x_min, box.x_max, box.y_min, box.y_max,
                            settings.max_samples)
     if window is None:
         return Lifted(False, reason="box lies outside the depth image")
     rows, cols, stride = window
-    z = np.ascontiguousarray(depth_m[rows, cols])  # one gather; the passes below run faster
+    z = depth.metres(rows, cols)  # one contiguous gather; the passes below run faster
     found = _surface(z, settings, "box")
     if isinstance(found, Lifted):
         return found
@@ -150,7 +150,7 @@ def _lift_box(depth_m: np.ndarray, camera: CameraModel, box: Box, scale: int,
     # without it, quantised percentiles are off by up to a sample on each side.
     step = stride * scale
     n_rows, n_cols = z.shape
-    ax, ay = _ray_slopes(camera, scale, *depth_m.shape)
+    ax, ay = _ray_slopes(camera, scale, *depth.shape)
     slope_x = np.add.outer(_jitter(n_rows) * (step / camera.fx), ax[cols])
     slope_y = np.add.outer(ay[rows], _jitter(n_cols) * (step / camera.fy))
     zs = z[surface]
@@ -171,30 +171,29 @@ def _lift_box(depth_m: np.ndarray, camera: CameraModel, box: Box, scale: int,
 
 
 def lift_point(
-    depth_m: np.ndarray,
+    depth: DepthImage | np.ndarray,
     camera: CameraModel,
     point: Point,
     scale: int = 1,
     settings: LiftSettings = DEFAULT_SETTINGS,
 ) -> Lifted:
     """Lift a point (colour-image pixels) to the surface point on its ray."""
-    _check_depth(depth_m, camera, scale)
-    return _lift_point(depth_m, camera, point, scale, settings)
+    return _lift_point(_checked(depth, camera, scale), camera, point, scale, settings)
 
 
-def _lift_point(depth_m: np.ndarray, camera: CameraModel, point: Point, scale: int,
+def _lift_point(depth: DepthImage, camera: CameraModel, point: Point, scale: int,
                 settings: LiftSettings) -> Lifted:
-    height, width = depth_m.shape
+    height, width = depth.shape
     if not (0.0 <= point.x <= width * scale and 0.0 <= point.y <= height * scale):
         return Lifted(False, reason="point lies outside the depth image")
     half = settings.patch_px // 2
     j = min(int(point.x / scale), width - 1)
     i = min(int(point.y / scale), height - 1)
     i0, j0 = max(i - half, 0), max(j - half, 0)
-    z = depth_m[i0:i + half + 1, j0:j + half + 1]
+    z = depth.metres(slice(i0, i + half + 1), slice(j0, j + half + 1))
     # The surface at the point: the one holding the point's own pixel when it has depth (on
     # a steep plane the nearest dominant part of the patch would be off by the patch's slope).
-    found = _surface(z, settings, "point patch", anchor=float(depth_m[i, j]))
+    found = _surface(z, settings, "point patch", anchor=depth.at(i, j))
     if isinstance(found, Lifted):
         return found
     surface, z_ref, n_valid = found
@@ -222,27 +221,27 @@ def _lift_point(depth_m: np.ndarray, camera: CameraModel, point: Point, scale: i
 
 
 def lift_trajectory(
-    depth_m: np.ndarray,
+    depth: DepthImage | np.ndarray,
     camera: CameraModel,
     trajectory: Trajectory,
     scale: int = 1,
     settings: LiftSettings = DEFAULT_SETTINGS,
 ) -> tuple[Lifted, ...]:
     """Lift each waypoint of a trajectory (a 3D path; invalid waypoints say why)."""
-    _check_depth(depth_m, camera, scale)
-    return tuple(_lift_point(depth_m, camera, p, scale, settings) for p in trajectory.points)
+    checked = _checked(depth, camera, scale)
+    return tuple(_lift_point(checked, camera, p, scale, settings) for p in trajectory.points)
 
 
 def lift_boxes(
-    depth_m: np.ndarray,
+    depth: DepthImage | np.ndarray,
     camera: CameraModel,
     boxes: Sequence[Box],
     scale: int = 1,
     settings: LiftSettings = DEFAULT_SETTINGS,
 ) -> tuple[Lifted, ...]:
     """Lift several boxes of one goal (convenience for the node and replay)."""
-    _check_depth(depth_m, camera, scale)
-    return tuple(_lift_box(depth_m, camera, b, scale, settings) for b in boxes)
+    checked = _checked(depth, camera, scale)
+    return tuple(_lift_box(checked, camera, b, scale, settings) for b in boxes)
 
 
 # --- internals ------------------------------------------------------------------------------
@@ -269,20 +268,25 @@ def _jitter(n: int) -> np.ndarray:
     return (np.modf(np.arange(1, n + 1) * _GOLDEN)[0] - 0.5).astype(np.float32)
 
 
-def _check_depth(depth_m: np.ndarray, camera: CameraModel, scale: int) -> None:
-    """Catch wiring mistakes cheaply; registration itself is checked by check_registration."""
-    if not isinstance(depth_m, np.ndarray) or depth_m.ndim != 2 or depth_m.size == 0:
+def _checked(depth: DepthImage | np.ndarray, camera: CameraModel, scale: int) -> DepthImage:
+    """Return ``depth`` as a DepthImage (an array is in metres), checked for wiring mistakes.
+
+    Cheap checks only; registration itself is checked by check_registration.
+    """
+    raw = depth.raw if isinstance(depth, DepthImage) else depth
+    if not isinstance(raw, np.ndarray) or raw.ndim != 2 or raw.size == 0:
         raise BadImageError(
-            f"depth image has shape {getattr(depth_m, 'shape', None)}; expected (height, width)"
+            f"depth image has shape {getattr(raw, 'shape', None)}; expected (height, width)"
         )
     if isinstance(scale, bool) or not isinstance(scale, int) or scale < 1:
         raise BadRequestError(f"depth scale={scale!r}; expected a positive integer")
-    height, width = depth_m.shape
+    height, width = raw.shape
     if camera.width and (width * scale, height * scale) != (camera.width, camera.height):
         raise BadImageError(
             f"depth image {width}x{height} at scale {scale} does not cover the camera's "
             f"{camera.width}x{camera.height} image"
         )
+    return depth if isinstance(depth, DepthImage) else DepthImage(depth)
 
 
 def _pixel_window(

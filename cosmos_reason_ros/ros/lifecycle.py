@@ -259,7 +259,7 @@ class ManagedReasonNode(ReasonNode, LifecycleNode):
         for timer in self.serving_timers:
             self.destroy_timer(timer)
         self.serving_timers = []
-        self._ingest_executor.shutdown(timeout_sec=1.0)
+        self.stop_ingest()
         self._ingest_node.destroy_node()
         del self._ingest_node
         if self._action_server is not None:

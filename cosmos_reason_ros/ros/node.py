@@ -109,6 +109,7 @@ class ReasonNode(Node):
             use_global_arguments=False, start_parameter_services=False)
         self._ingest_executor = SingleThreadedExecutor(context=self.context)
         self._ingest_executor.add_node(self._ingest_node)
+        self._ingest_thread: threading.Thread | None = None
         self.cameras = CameraSet(self, self._ingest_node, p, self.now_ns, self._on_frame,
                                  subscribe=subscribe)
         self.camera = self.cameras.default  # prefill, periodic runs and 3D use this one
@@ -205,8 +206,9 @@ class ReasonNode(Node):
         if not self._threads_started:
             self._threads_started = True
             self.prefill_worker.start()
-            threading.Thread(target=self._ingest_executor.spin, name="ingest",
-                             daemon=True).start()
+            self._ingest_thread = threading.Thread(target=self._ingest_executor.spin,
+                                                   name="ingest", daemon=True)
+            self._ingest_thread.start()
             if p.engine.freeze_heap:
                 frozen, took_s = freeze_heap()
                 self.get_logger().info(f"heap frozen: {frozen} objects out of the garbage "
@@ -263,7 +265,7 @@ class ReasonNode(Node):
         if not ended:
             self.wait_goals(SHUTDOWN_GOALS_AFTER_ENGINE_S, spin, linger=in_flight)
         self.gc_pauses.uninstall()
-        self._ingest_executor.shutdown(timeout_sec=1.0)
+        self.stop_ingest()
         if self._action_server is not None:
             self._action_server.destroy()
 
@@ -292,9 +294,19 @@ class ReasonNode(Node):
         wait for an engine (``main`` closes the node first, or abandons an interrupted start).
         """
         if hasattr(self, "_ingest_node"):
-            self._ingest_executor.shutdown(timeout_sec=1.0)
+            self.stop_ingest()
             self._ingest_node.destroy_node()
         super().destroy_node()
+
+    def stop_ingest(self) -> None:
+        """Stop the camera executor and wait (bounded) for its thread.
+
+        A thread still inside rcl's wait at interpreter exit aborts the process
+        (ros2/rclpy#1484).
+        """
+        self._ingest_executor.shutdown(timeout_sec=1.0)
+        if self._ingest_thread is not None:
+            self._ingest_thread.join(timeout=2.0)
 
     def executor_threads(self) -> int:
         """Threads the executor needs: every running and queued goal blocks one."""

@@ -248,9 +248,11 @@ def test_eight_concurrent_goals_all_succeed(io):
 
 def test_goals_beyond_the_bounds_are_overloaded(io, node):
     io.publish_until_received()
-    # Queued goals pick their frame when they start: allow old frames for this test.
+    # Queued goals pick their frame when they start: allow old frames for this test; and
+    # a loaded CI machine took longer than the default 120 s for 12 goals of 512 tokens.
     handles = [io.client.submit(io.client.goal("Long", response_schema=LONG_SCHEMA,
-                                               max_tokens=512, max_image_age_s=300.0))
+                                               max_tokens=512, max_image_age_s=300.0,
+                                               timeout_s=290.0))
                for _ in range(20)]
     results = [h.result(300) for h in handles]
     codes = [r.error_code for r in results]
