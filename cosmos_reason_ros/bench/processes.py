@@ -20,7 +20,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from cosmos_reason_ros.bench.workload import DEVICES, NODE_TOPIC, REPO_ROOT, SERVED_NAME
+from cosmos_reason_ros.bench.workload import (
+    CAMERA_NAMES,
+    DEVICES,
+    NODE_TOPIC,
+    REPO_ROOT,
+    SERVED_NAME,
+    WRIST_TOPIC,
+)
 
 
 def free_port() -> int:
@@ -137,12 +144,19 @@ def _ros_value(value: Any) -> str:
         return repr(value)
     if value == "":
         return "''"  # ``-p name:=`` does not parse
+    if isinstance(value, str) and value.startswith(("{", "[")):
+        # JSON (engine.extra_args): unquoted, rcl reads a mapping and refuses the argument.
+        return "'" + value.replace("'", "''") + "'"
     return str(value)
 
 
 def start_node(model: str, device: str, settings: dict[str, Any], extras: dict[str, Any],
-               log_dir: Path, max_goals: int) -> Proc:
-    """Start the node process from the device's preset with the run's engine settings."""
+               log_dir: Path, max_goals: int, wrist_camera: bool = False) -> Proc:
+    """Start the node process from the device's preset with the run's engine settings.
+
+    ``wrist_camera`` (the cameras mode) names two cameras, ``CAMERA_NAMES``: the default one
+    on ``NODE_TOPIC`` as without it, the wrist camera on ``WRIST_TOPIC``.
+    """
     params: dict[str, Any] = {f"engine.{k}": v for k, v in settings.items()}
     if "quantization" in params and params["engine.quantization"] is None:
         params.pop("engine.quantization")
@@ -159,8 +173,15 @@ def start_node(model: str, device: str, settings: dict[str, Any], extras: dict[s
     })
     if extras:
         params["engine.extra_args"] = json.dumps(extras)
-    return start_ros_node("node", DEVICES[device].preset, params, [f"image:={NODE_TOPIC}"],
-                          log_dir)
+    remaps = [f"image:={NODE_TOPIC}"]
+    if wrist_camera:
+        # Goals with empty cameras[] still ask about the default camera's frames, through the
+        # same single-image path (a one-name prompt is the unnamed one); the engine takes two
+        # images per prompt (limit_mm_per_prompt, raised by the node for two cameras).
+        params["cameras.names"] = list(CAMERA_NAMES)
+        remaps = [f"{CAMERA_NAMES[0]}/image:={NODE_TOPIC}",
+                  f"{CAMERA_NAMES[1]}/image:={WRIST_TOPIC}"]
+    return start_ros_node("node", DEVICES[device].preset, params, remaps, log_dir)
 
 
 def start_ros_node(name: str, preset: str, params: dict[str, Any], remaps: Sequence[str],

@@ -7,12 +7,18 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
-from cosmos_reason_ros.bench.workload import BASELINE_NS, BASELINE_TOPIC, NODE_ACTION, NODE_TOPIC
+from cosmos_reason_ros.bench.workload import (
+    BASELINE_NS,
+    BASELINE_TOPIC,
+    NODE_ACTION,
+    NODE_TOPIC,
+    WRIST_TOPIC,
+)
 
 _NS = 1_000_000_000
 
@@ -29,12 +35,14 @@ def client_ttft(e2e_s: float, result: Any) -> float | None:
     return e2e_s - result.total_s + result.time_to_first_token_s
 
 
-def submit_goal(client: Any, prompt: str, max_tokens: int) -> Callable[[], dict[str, Any]]:
+def submit_goal(client: Any, prompt: str, max_tokens: int, cameras: Sequence[str] = ()
+                ) -> Callable[[], dict[str, Any]]:
     """Send one goal on the latest frame through ``client`` (a ReasonClient).
 
-    The returned function waits for its result and returns the sample's figures.
+    ``cameras`` names the node's cameras to ask about (empty: its default camera). The
+    returned function waits for its result and returns the sample's figures.
     """
-    goal = client.goal(prompt, "vqa", max_tokens=max_tokens, greedy=True)
+    goal = client.goal(prompt, "vqa", cameras=cameras, max_tokens=max_tokens, greedy=True)
     first: list[float] = []
     t0 = time.monotonic()
 
@@ -57,6 +65,7 @@ def submit_goal(client: Any, prompt: str, max_tokens: int) -> Callable[[], dict[
                 "node_preprocess_s": m.preprocess_s, "node_queue_s": m.queue_s,
                 "output_tokens": m.output_tokens, "prompt_tokens": m.prompt_tokens,
                 "cached_prompt_tokens": m.cached_prompt_tokens, "finish": m.finish_reason,
+                "images": len(m.frame_stamps),
                 "stamp_ns": m.header.stamp.sec * _NS + m.header.stamp.nanosec}
 
     return wait
@@ -83,9 +92,8 @@ class RosSide:
         self.node = rclpy.create_node("bench")
         reliable = QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE)
         deep = QoSProfile(depth=100, reliability=ReliabilityPolicy.RELIABLE)
-        self.cameras = {NODE_TOPIC: self.node.create_publisher(Image, NODE_TOPIC, reliable),
-                        BASELINE_TOPIC: self.node.create_publisher(Image, BASELINE_TOPIC,
-                                                                   reliable)}
+        self.cameras = {topic: self.node.create_publisher(Image, topic, reliable)
+                        for topic in (NODE_TOPIC, WRIST_TOPIC, BASELINE_TOPIC)}
         self.ask_pub = self.node.create_publisher(String, f"{BASELINE_NS}/ask", deep)
         self._cond = threading.Condition()
         self.answers: dict[str, tuple[float, dict[str, Any]]] = {}
@@ -174,9 +182,10 @@ class RosSide:
 
     # --- requests --------------------------------------------------------------------------
 
-    def node_submit(self, prompt: str, max_tokens: int) -> Callable[[], dict[str, Any]]:
-        """Send one goal on the latest frame; the returned function waits for its result."""
-        return submit_goal(self.client, prompt, max_tokens)
+    def node_submit(self, prompt: str, max_tokens: int, cameras: Sequence[str] = ()
+                    ) -> Callable[[], dict[str, Any]]:
+        """Send one goal on the latest frame(s); the returned function waits for its result."""
+        return submit_goal(self.client, prompt, max_tokens, cameras)
 
     def baseline_request(self, prompt: str, max_tokens: int, seed: int,
                          timeout_s: float = 600.0) -> dict[str, Any]:

@@ -16,6 +16,11 @@ baseline node (``bench/baseline.py``). Then the modes run, interleaved request b
 - ``baseline``: ask -> the baseline node JPEG-encodes, base64s and POSTs to ``vllm serve``;
 - ``concurrency``: 1, 2, 4, 8 (16 on GPU) simultaneous goals (and engine requests);
 - ``second``: a second question about the same frame (prefix / vision cache effect);
+- ``cameras``: goals about one camera vs two (a front view at 640x480, or the first size, plus
+  a wrist view of half its width and height), engine and node, rounds interleaved: what a
+  second camera costs in TTFT, and the node's overhead for each (``bench/phases/cameras.py``;
+  the node then names two cameras, the default one still on the camera topic the other
+  modes use);
 - ``ingest``: camera callback cost, and the node's CPU share at 30 Hz 1080p with and without
   goals running;
 - ``memory``: the node's RSS over 10 000 frames and 1 000 goals;
@@ -86,6 +91,7 @@ from cosmos_reason_ros.bench.workload import (
     NODE_TOPIC,
     REPO_ROOT,
     SERVED_NAME,
+    WRIST_TOPIC,
     engine_settings,
     parse_engine_args,
     parse_size,
@@ -123,13 +129,14 @@ class Bench:
     def needs(self, part: str) -> bool:
         """Whether any chosen mode needs ``part`` (engine, node, baseline).
 
-        ``second`` and ``concurrency`` measure the sides named in ``--modes`` (``--modes
-        node,second``: the node alone); with none named, every side they can measure.
+        ``second``, ``concurrency`` and ``cameras`` measure the sides named in ``--modes``
+        (``--modes node,second``: the node alone); with none named, every side they can
+        measure.
         """
         m = set(self.modes)
         if part in m:
             return True
-        compared = {"second", "concurrency"} if part != "baseline" else {"second"}
+        compared = {"second", "concurrency", "cameras"} if part != "baseline" else {"second"}
         if m & compared and not m & {"engine", "node", "baseline"}:
             return True
         return part == "node" and bool(m & {"ingest", "memory", "prefill"})
@@ -155,7 +162,7 @@ class Bench:
                 self.available["node"] = ros_error
             else:
                 self.node_proc = start_node(a.model, a.device, settings, extras, log_dir,
-                                            max_goals)
+                                            max_goals, wrist_camera="cameras" in self.modes)
         port = free_port()
         if self.needs("baseline"):
             if ros_error:
@@ -182,7 +189,8 @@ class Bench:
         if self.node_proc is not None and self.ros is not None:
             try:
                 starts["node"] = self.node_proc.wait_line("]: ready: ", deadline)
-                if not self.ros.wait_subscribers(NODE_TOPIC, 60) \
+                topics = [NODE_TOPIC, WRIST_TOPIC] if "cameras" in self.modes else [NODE_TOPIC]
+                if not all(self.ros.wait_subscribers(t, 60) for t in topics) \
                         or not self.ros.client.wait_for_server(60):
                     raise RuntimeError("the node's camera subscription / action server was not "
                                        "discovered within 60 s")
@@ -247,15 +255,20 @@ class Bench:
                 self.engine.close()
 
     def run_one(self, mode: str, rgb: np.ndarray, stamp_ns: int, prompt: str, max_tokens: int,
-                seed: int) -> dict[str, Any]:
-        """One request in ``mode`` about ``rgb`` (already published for node/baseline)."""
+                seed: int, cameras: Sequence[tuple[str, np.ndarray]] = ()) -> dict[str, Any]:
+        """One request in ``mode`` about ``rgb`` (already published for node/baseline).
+
+        With ``cameras`` ((name, picture) pairs, all published): a goal naming those cameras,
+        and an engine request with their pictures, one image each (``rgb`` is then unused).
+        """
         try:
             if mode == "engine":
                 assert self.engine is not None
-                out = self.engine.submit(rgb, prompt, max_tokens)()
+                out = (self.engine.submit_cameras(cameras, prompt, max_tokens) if cameras
+                       else self.engine.submit(rgb, prompt, max_tokens))()
             elif mode == "node":
                 assert self.ros is not None
-                out = self.ros.node_submit(prompt, max_tokens)()
+                out = self.ros.node_submit(prompt, max_tokens, [n for n, _ in cameras])()
             else:
                 assert self.ros is not None
                 out = self.ros.baseline_request(prompt, max_tokens, seed)
@@ -266,14 +279,21 @@ class Bench:
             out["error"] = f"answered about frame {out.get('stamp_ns')} instead of {stamp_ns}"
         return out
 
-    def publish_frame(self, modes: Sequence[str], rgb: np.ndarray) -> int:
-        """Publish ``rgb`` to the cameras of the node and/or baseline; return its stamp."""
+    def publish_frame(self, modes: Sequence[str], rgb: np.ndarray,
+                      wrist: np.ndarray | None = None) -> int:
+        """Publish ``rgb`` to the cameras of the node and/or baseline; return its stamp.
+
+        ``wrist`` goes to the node's wrist camera (the cameras mode) with the same stamp, so
+        the two frames pass the node's ``cameras.max_skew_s`` check as one set.
+        """
         assert self.ros is not None or not ({"node", "baseline"} & set(modes))
         if self.ros is None:
             return 0
         stamp = self.ros.now_ns()
         msg = self.ros.image_msg(rgb, stamp)
         if "node" in modes:
+            if wrist is not None:
+                self.ros.publish(WRIST_TOPIC, self.ros.image_msg(wrist, stamp))
             self.ros.publish(NODE_TOPIC, msg)
         if "baseline" in modes:
             self.ros.publish(BASELINE_TOPIC, msg)
@@ -340,7 +360,7 @@ def build_parser() -> argparse.ArgumentParser:
                     metavar="K=V", help="engine setting for all three engines (repeatable)")
     ap.add_argument("--modes", default="",
                     help=f"comma-separated subset of {','.join(ALL_MODES)} (default: all but "
-                         f"fleet on cpu; all but ingest, memory and fleet on gpu)")
+                         f"fleet on cpu; all but ingest, memory, lifting and fleet on gpu)")
     ap.add_argument("--repeats", type=int, default=0,
                     help="measured rounds per mode (0: the device default); trimmed to fit")
     ap.add_argument("--time-budget-s", type=float, default=0.0,

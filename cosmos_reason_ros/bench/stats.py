@@ -80,10 +80,10 @@ class Overhead:
         return 100.0 * ratio(self.ms, self.mode_ms)
 
 
-def paired_overhead(samples: Iterable[Sample], mode: str, reference: str, metric: str,
+def paired_overhead(samples: Iterable[Sample], mode: Any, reference: Any, metric: str,
                     keys: Sequence[str] = ("size", "length"),
                     where: Callable[[Sample], bool] | None = None,
-                    same: str | None = "output_tokens",
+                    same: str | None = "output_tokens", by: str = "mode",
                     ) -> dict[tuple[Any, ...], tuple[Overhead, Summary]]:
     """Per group: medians of ``mode`` and ``reference``, and the median of per-round deltas.
 
@@ -91,16 +91,17 @@ def paired_overhead(samples: Iterable[Sample], mode: str, reference: str, metric
     the delta distribution (mode - reference, ms) is robust to drift across rounds. With
     ``same`` set, only pairs that agree on that field count (e.g. the same number of output
     tokens: a generation that stopped early is not comparable), and the medians are taken
-    over the paired samples only.
+    over the paired samples only. ``by`` names the field ``mode`` and ``reference`` are values
+    of (e.g. ``cameras``: two cameras against one, per mode in ``keys``).
     """
-    by_key: dict[tuple[Any, ...], dict[str, dict[Any, Sample]]] = defaultdict(
+    by_key: dict[tuple[Any, ...], dict[Any, dict[Any, Sample]]] = defaultdict(
         lambda: defaultdict(dict))
     for s in samples:
-        if not s.get("ok") or s.get("warmup") or s.get("mode") not in (mode, reference) \
+        if not s.get("ok") or s.get("warmup") or s.get(by) not in (mode, reference) \
                 or s.get(metric) is None or (where is not None and not where(s)):
             continue
         k = tuple(s.get(x) for x in keys)
-        by_key[k][s["mode"]][s.get("round")] = s
+        by_key[k][s[by]][s.get("round")] = s
     out = {}
     for k, modes in by_key.items():
         ref, mod = modes.get(reference, {}), modes.get(mode, {})
@@ -444,6 +445,8 @@ def render_report(data: Mapping[str, Any]) -> str:
                            f"{fmt(max(worst_node), 2)}x (target <= {targets['second_ratio']}x)",
                            _check(max(worst_node) <= targets["second_ratio"])))
 
+    lines += _cameras_section(samples)
+
     cb, ingest = extra.get("ingest_callback"), extra.get("ingest")
     if cb or ingest:
         lines += ["", "## Image ingest (1920x1080 rgb8, 30 Hz)", ""]
@@ -575,6 +578,91 @@ def render_report(data: Mapping[str, Any]) -> str:
         lines += [f"- {n} x {k}" for k, n in list(seen.items())[:20]]
     lines.append("")
     return "\n".join(lines)
+
+
+def _cameras_phase(s: Sample) -> bool:
+    return s.get("phase") == "cameras"
+
+
+def camera_cost(samples: Sequence[Sample]) -> dict[str, list[dict[str, Any]]]:
+    """Return the cameras mode's figures (ms, medians unless named p95) as JSON-ready rows.
+
+    ``settings``: per side (engine, node) and camera count, TTFT, end-to-end, prompt tokens
+    and (node) preprocessing. ``second_camera``: per side, two cameras against one in the
+    same round (TTFT and end-to-end deltas, TTFT ratio of the paired medians).
+    ``node_overhead``: per camera count, node against engine in the same round, as the
+    latency phase pairs them.
+    """
+    figures = {metric: summarize(samples, ("mode", "cameras"), metric, _cameras_phase)
+               for metric in ("ttft_s", "e2e_s", "prompt_tokens", "node_preprocess_s")}
+    settings = []
+    for key in sorted(figures["e2e_s"], key=lambda k: (str(k[0]), sort_key(k[1]))):
+        ttft, tokens, pre = (figures[m].get(key) for m in ("ttft_s", "prompt_tokens",
+                                                           "node_preprocess_s"))
+        settings.append({"mode": key[0], "cameras": key[1], "n": figures["e2e_s"][key].n,
+                         "ttft_p50_ms": 1e3 * ttft.median if ttft else math.nan,
+                         "ttft_p95_ms": 1e3 * ttft.p95 if ttft else math.nan,
+                         "e2e_p50_ms": 1e3 * figures["e2e_s"][key].median,
+                         "prompt_tokens_p50": tokens.median if tokens else math.nan,
+                         "preprocess_p50_ms": 1e3 * pre.median if pre else math.nan})
+    ttft_cost = paired_overhead(samples, 2, 1, "ttft_s", keys=("mode",), where=_cameras_phase,
+                                by="cameras")
+    e2e_cost = paired_overhead(samples, 2, 1, "e2e_s", keys=("mode",), where=_cameras_phase,
+                               by="cameras")
+    second = []
+    for key in sorted(ttft_cost, key=lambda k: str(k[0])):
+        (o, d), e2e = ttft_cost[key], e2e_cost.get(key)
+        second.append({"mode": key[0], "pairs": d.n, "ttft_one_p50_ms": o.reference_ms,
+                       "ttft_two_p50_ms": o.mode_ms, "ttft_delta_p50_ms": d.median,
+                       "ttft_ratio": ratio(o.mode_ms, o.reference_ms),
+                       "e2e_delta_p50_ms": e2e[1].median if e2e else math.nan})
+    e2e_over = paired_overhead(samples, "node", "engine", "e2e_s", keys=("cameras",),
+                               where=_cameras_phase)
+    ttft_over = paired_overhead(samples, "node", "engine", "ttft_s", keys=("cameras",),
+                                where=_cameras_phase)
+    overhead = []
+    for key in sorted(e2e_over, key=lambda k: sort_key(k[0])):
+        (o, d), t = e2e_over[key], ttft_over.get(key)
+        overhead.append({"cameras": key[0], "pairs": d.n, "engine_e2e_p50_ms": o.reference_ms,
+                         "node_e2e_p50_ms": o.mode_ms, "overhead_p50_ms": d.median,
+                         "overhead_p95_ms": d.p95,
+                         "ttft_overhead_p50_ms": t[1].median if t else math.nan})
+    return {"settings": settings, "second_camera": second, "node_overhead": overhead}
+
+
+def _cameras_section(samples: Sequence[Sample]) -> list[str]:
+    """Render the cameras mode's tables (none when the run has no such samples)."""
+    cost = camera_cost(samples)
+    if not cost["settings"]:
+        return []
+    first = next(s for s in samples if _cameras_phase(s))
+    lines = ["", f"## Second camera: front {first.get('size')} + wrist "
+             f"{first.get('wrist_size')} (short answers; ms, medians)", ""]
+    lines.append(table(("side", "cameras", "n", "TTFT p50", "TTFT p95", "e2e p50",
+                        "prompt tokens", "node preprocess"),
+                       [(r["mode"], r["cameras"], r["n"], fmt(r["ttft_p50_ms"]),
+                         fmt(r["ttft_p95_ms"]), fmt(r["e2e_p50_ms"]),
+                         fmt(r["prompt_tokens_p50"], 0), fmt(r["preprocess_p50_ms"]))
+                        for r in cost["settings"]]))
+    if cost["second_camera"]:
+        lines += ["", "What the second camera adds: two cameras minus one, rounds paired (each "
+                  "round asks both ways about fresh pictures).", ""]
+        lines.append(table(("side", "pairs", "TTFT one", "TTFT two", "TTFT delta p50",
+                            "TTFT two/one", "e2e delta p50"),
+                           [(r["mode"], r["pairs"], fmt(r["ttft_one_p50_ms"]),
+                             fmt(r["ttft_two_p50_ms"]), fmt(r["ttft_delta_p50_ms"]),
+                             f"{fmt(r['ttft_ratio'], 2)}x", fmt(r["e2e_delta_p50_ms"]))
+                            for r in cost["second_camera"]]))
+    if cost["node_overhead"]:
+        lines += ["", "Node overhead over the bare engine per setting: node minus engine on "
+                  "the same pictures, rounds paired as in the latency tables.", ""]
+        lines.append(table(("cameras", "pairs", "engine e2e p50", "node e2e p50",
+                            "overhead p50", "overhead p95", "TTFT overhead p50"),
+                           [(r["cameras"], r["pairs"], fmt(r["engine_e2e_p50_ms"]),
+                             fmt(r["node_e2e_p50_ms"]), fmt(r["overhead_p50_ms"]),
+                             fmt(r["overhead_p95_ms"]), fmt(r["ttft_overhead_p50_ms"]))
+                            for r in cost["node_overhead"]]))
+    return lines
 
 
 def fleet_hit_rates(samples: Iterable[Sample]) -> dict[tuple[Any, ...], float]:

@@ -14,8 +14,8 @@ import numpy as np
 from cosmos_reason_ros.bench import stats as benchstats
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-ALL_MODES = ("engine", "node", "baseline", "concurrency", "second", "ingest", "memory",
-             "prefill", "lifting", "fleet")
+ALL_MODES = ("engine", "node", "baseline", "concurrency", "second", "cameras", "ingest",
+             "memory", "prefill", "lifting", "fleet")
 # Run unless --modes says otherwise. Not fleet: it starts two more servers, two routers and
 # 2N nodes of its own (minutes on CPU), so it runs only when asked (--modes fleet).
 DEFAULT_MODES = tuple(m for m in ALL_MODES if m != "fleet")
@@ -28,10 +28,22 @@ PROMPT_2 = "Which objects are in the image, and where are they?"
 SERVED_NAME = "bench"
 NODE_ACTION = "/cosmos_reason/reason"
 NODE_TOPIC = "/bench/image"
+# The cameras mode's node names two cameras; the default (first) one keeps NODE_TOPIC, so the
+# other modes' goals (empty cameras[]) ask about the same frames as on a one-camera node.
+CAMERA_NAMES = ("front", "wrist")
+WRIST_TOPIC = "/bench/wrist/image"
+CAMERAS_FRONT_SIZE = (640, 480)  # when among --sizes; else the first size. Wrist: half of it.
+# On the CPU, an engine's worker process keeps polling vLLM's shared-memory queue for 1 s after
+# its last step (vllm SpinCondition, busy_loop_s), pinned to the core the other engine's
+# worker is pinned to (VLLM_CPU_OMP_THREADS_BIND=auto on 2 cores): a request to one side
+# within that second of the other side's last step waited ~1 s (TTFTs 30 ms or 1 s, nothing
+# between). The cameras phase waits this long after the other side's request.
+CPU_SIDE_SWITCH_WAIT_S = 1.2
 BASELINE_TOPIC = "/bench/image_baseline"
 BASELINE_NS = "/bench_baseline"
 PHASE_WEIGHTS = (benchstats.Slice("latency", 45), benchstats.Slice("concurrency", 15),
-                 benchstats.Slice("second", 8), benchstats.Slice("ingest", 10),
+                 benchstats.Slice("second", 8), benchstats.Slice("cameras", 5),
+                 benchstats.Slice("ingest", 10),
                  benchstats.Slice("memory", 17), benchstats.Slice("prefill", 5),
                  benchstats.Slice("lifting", 1), benchstats.Slice("fleet", 20))
 # The fleet mode: robots per routing policy, their cameras' rate, and the two routers'
@@ -71,7 +83,7 @@ DEVICES = {
         concurrency=(1, 2, 4, 8, 16), repeats=5, time_budget_s=450.0,
         # Ingest and memory are properties of the node's process, measured on the CPU run;
         # the GPU's few minutes go to latency, throughput and caching.
-        modes=("engine", "node", "baseline", "concurrency", "second", "prefill")),
+        modes=("engine", "node", "baseline", "concurrency", "second", "cameras", "prefill")),
 }
 
 # Engine settings the node and VllmLocalConfig know by name; anything else is passed through

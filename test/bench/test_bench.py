@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from cosmos_reason_ros.bench import runner, workload
+from cosmos_reason_ros.bench import processes, runner, workload
 from cosmos_reason_ros.bench.phases import PHASES
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -40,6 +40,29 @@ def test_engine_args_split_into_named_settings_and_pass_through() -> None:
         workload.parse_engine_args(["novalue"])
 
 
+@pytest.mark.ros
+def test_node_parameters_reach_the_node_with_their_types() -> None:
+    # engine.extra_args is JSON: unquoted, rcl read it as a mapping and the node did not start.
+    rclpy = pytest.importorskip("rclpy", reason="needs the ROS 2 wheels (make setup)")
+    from rclpy.context import Context
+
+    values = {"engine.extra_args": '{"block_size": 32}', "engine.api_key_env": "",
+              "cameras.names": ["front", "wrist"], "image.max_age_s": 0.0,
+              "prefill.enabled": False, "limits.max_queued_goals": 64}
+    args = ["--ros-args"] + [arg for k, v in values.items()
+                             for arg in ("-p", f"{k}:={processes._ros_value(v)}")]
+    context = Context()
+    rclpy.init(args=args, context=context)
+    try:
+        node = rclpy.create_node("params_probe", context=context,
+                                 automatically_declare_parameters_from_overrides=True)
+        got = {k: node.get_parameter(k).value for k in values}
+        node.destroy_node()
+    finally:
+        rclpy.shutdown(context=context)
+    assert got == values
+
+
 def test_pictures_are_deterministic_and_differ_per_seed() -> None:
     a, b = workload.picture(64, 48, 3), workload.picture(64, 48, 3)
     assert a.shape == (48, 64, 3) and (a == b).all()
@@ -51,6 +74,8 @@ def test_pictures_are_deterministic_and_differ_per_seed() -> None:
     ("engine,concurrency", {"engine"}),
     ("second", {"engine", "node", "baseline"}),  # no side named: every side it can compare
     ("concurrency", {"engine", "node"}),
+    ("cameras", {"engine", "node"}),  # one camera vs two, on both sides
+    ("node,cameras", {"node"}),
     ("prefill", {"node"}),
     ("lifting", set()),
 ])
@@ -85,12 +110,14 @@ def test_every_mode_is_run_by_a_phase() -> None:
 @pytest.mark.slow
 def test_smoke_run_records_samples_for_every_mode(tmp_path: Path, tiny_qwen3_vl: Path) -> None:
     out = tmp_path / "bench"
+    # The budget is for a starved machine (a loaded CI run took 303 s, 153 s of it in the
+    # concurrency phase); an idle one finishes in ~125 s.
     args = [sys.executable, "-m", "cosmos_reason_ros.bench", "--model", str(tiny_qwen3_vl),
             "--repeats", "1", "--sizes", "320x240", "--lengths", "short",
             "--concurrency", "1,2", "--ingest-s", "1", "--ingest-callback-runs", "20",
-            "--memory-frames", "20", "--memory-goals", "4", "--time-budget-s", "280",
+            "--memory-frames", "20", "--memory-goals", "4", "--time-budget-s", "480",
             "--out", str(out)]
-    proc = subprocess.run(args, cwd=REPO_ROOT, capture_output=True, text=True, timeout=400,
+    proc = subprocess.run(args, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600,
                           env={**os.environ, "PYTHONUNBUFFERED": "1"})
     assert (out / "bench.json").exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
     data = json.loads((out / "bench.json").read_text())
@@ -115,6 +142,14 @@ def test_smoke_run_records_samples_for_every_mode(tmp_path: Path, tiny_qwen3_vl:
     assert {s["prefill"] for s in measured if s["phase"] == "prefill"} == {True, False}
     assert {b["prefill"] for b in data["batches"]
             if b.get("phase") == "prefill" and b.get("ok")} == {True, False}
+    # cameras: one camera vs two on the node it started anyway (no process of its own)
+    assert statuses["cameras"] == "ran", data["modes"]["cameras"]
+    for mode in ("engine", "node"):
+        asked = {s["cameras"]: s for s in measured if s["phase"] == "cameras"
+                 and s["mode"] == mode}
+        assert asked.keys() == {1, 2}, mode
+        assert asked[2]["prompt_tokens"] > asked[1]["prompt_tokens"], mode
+        assert (asked[1]["images"], asked[2]["images"]) == (1, 2), mode
     report = (out / "results.md").read_text()
-    assert "## Latency" in report and "## Targets" in report
+    assert "## Latency" in report and "## Targets" in report and "## Second camera" in report
     assert (out / "latency.png").stat().st_size > 0

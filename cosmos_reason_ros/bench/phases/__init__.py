@@ -6,6 +6,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from cosmos_reason_ros.bench.phases import (
+    cameras,
     concurrency,
     fleet,
     ingest,
@@ -25,6 +26,7 @@ PHASES: dict[str, Callable[[Bench, Results], None]] = {
     "latency": latency.run,
     "concurrency": concurrency.run,
     "second": second.run,
+    "cameras": cameras.run,
     "ingest": ingest.run,
     "memory": memory.run,
     "prefill": prefill.run,
