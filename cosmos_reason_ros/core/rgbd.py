@@ -164,8 +164,8 @@ class DepthImage:
         return np.multiply(window, np.float32(self.unit_m), dtype=np.float32)
 
     def at(self, row: int, col: int) -> float:
-        """One pixel's depth in metres."""
-        return float(self.raw[row, col]) * self.unit_m
+        """One pixel's depth in metres (converted as :meth:`metres` converts)."""
+        return float(self.metres(slice(row, row + 1), slice(col, col + 1))[0, 0])
 
 
 def depth_image(
