@@ -25,8 +25,9 @@ baseline node (``bench/baseline.py``). Then the modes run, interleaved request b
   goals running;
 - ``memory``: the node's RSS over 10 000 frames and 1 000 goals;
 - ``prefill``: goals on the latest frame of a 5 Hz camera with ``prefill.enabled`` on vs off:
-  one at a time (TTFT) and 8 at once (throughput); skipped, not failed, when the node has no
-  such parameter.
+  one at a time (TTFT) and 8 at once (throughput), with the baseline (when it runs) asked
+  about the same camera's latest frame in the same rotation (P2); skipped, not failed, when
+  the node has no such parameter.
 - ``lifting``: 3D lifting per goal (depth pick + 10 boxes) at 640x480 and 1280x720, in this
   process (``bench/phases/lifting.py``).
 - ``fleet`` (only when asked: ``--modes fleet``; it starts two more servers (or uses

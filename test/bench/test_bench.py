@@ -139,7 +139,10 @@ def test_smoke_run_records_samples_for_every_mode(tmp_path: Path, tiny_qwen3_vl:
     assert data["extra"]["memory"]["goals"] == 4 and data["series"]["node_rss"]
     # prefill: one goal at a time and 8 at once, both settings
     assert statuses["prefill"] == "ran", data["modes"]["prefill"]
-    assert {s["prefill"] for s in measured if s["phase"] == "prefill"} == {True, False}
+    assert {s["prefill"] for s in measured
+            if s["phase"] == "prefill" and s["mode"] == "node"} == {True, False}
+    # P2: the baseline, fed by the same camera, in the same rotation
+    assert any(s["phase"] == "prefill" and s["mode"] == "baseline" for s in measured)
     assert {b["prefill"] for b in data["batches"]
             if b.get("phase") == "prefill" and b.get("ok")} == {True, False}
     # cameras: one camera vs two on the node it started anyway (no process of its own)

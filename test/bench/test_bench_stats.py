@@ -136,6 +136,8 @@ def test_report_checks_prefill_targets_on_the_gpu() -> None:
                                          (True, "on+ready", 0.030, 304))]
     samples.append({"phase": "prefill", "mode": "node", "prefill": True, "ok": True,
                     "ttft_s": 0.050})  # an older run's sample: no setting, prefill on
+    samples += [{"phase": "prefill", "mode": "baseline", "setting": "baseline", "ok": True,
+                 "ttft_s": t} for t in (0.080, 0.100)]  # P2: the baseline in the rotation
     batches = [{"phase": "prefill", "mode": "node", "prefill": on, "setting": setting,
                 "concurrency": 8, "ok": True, "wall_s": 1.0, "output_tokens": tokens}
                for on, setting, tokens in ((True, "on", 850), (False, "off", 1000),
@@ -149,6 +151,10 @@ def test_report_checks_prefill_targets_on_the_gpu() -> None:
     assert "8-goal throughput, prefill on / off | 0.85x (target >= 0.9x) | MISSED" in report
     assert "8-goal throughput, prefill on+ready / off | 0.95x (target >= 0.9x) | met" in report
     assert "## Concurrency" not in report  # prefill batches are not the concurrency sweep
+    assert "| baseline | 2 | 90.0 | 100.0 | – |" in report
+    assert "prefill baseline" not in report  # not a prefill setting
+    assert "P2: baseline TTFT / node's (prefill on+ready), latest frame of a 5 Hz camera | " \
+           "3.00x (target >= 3x) | met" in report
 
 
 def test_lifting_phase_lifts_every_box_and_the_report_checks_the_target() -> None:

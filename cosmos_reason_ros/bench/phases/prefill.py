@@ -1,4 +1,9 @@
-"""The prefill phase: goals on the latest frame of a 5 Hz camera, prefill on vs off."""
+"""The prefill phase: goals on the latest frame of a 5 Hz camera, prefill on vs off.
+
+With the baseline running, the same camera also feeds it and its requests about the latest
+frame join the rotation as one more setting: issue #25's P2, the node (prefill on+ready)
+against what users do today, interleaved in one run.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from cosmos_reason_ros.bench.results import Results, record_batch
 from cosmos_reason_ros.bench.workload import (
+    BASELINE_TOPIC,
     LENGTHS,
     NODE_TOPIC,
     PREFILL_BATCH,
@@ -42,11 +48,14 @@ def run(bench: Bench, results: Results) -> None:
             # is in the engine's caches unless a prefill or an earlier goal put it there.
             frame = base.copy()
             frame[:32, :32] = (i % 251, (i // 251) % 251, 255)
-            bench.ros.cameras[NODE_TOPIC].publish(bench.ros.image_msg(frame,
-                                                                    bench.ros.now_ns()))
+            msg = bench.ros.image_msg(frame, bench.ros.now_ns())
+            for topic in topics:
+                bench.ros.cameras[topic].publish(msg)
             i += 1
             stop.wait(0.2)
 
+    with_baseline = bench.available.get("baseline") == ""  # started and ready
+    topics = [NODE_TOPIC, BASELINE_TOPIC] if with_baseline else [NODE_TOPIC]
     thread = threading.Thread(target=camera, daemon=True)
     thread.start()
     wanted = bench.args.repeats or bench.device.repeats
@@ -54,14 +63,17 @@ def run(bench: Bench, results: Results) -> None:
     settings = dict(PREFILL_SETTINGS)
     if bench.ros.get_param("prefill.ready_frame_within_s") is None:
         del settings["on+ready"]  # a node from before the parameter
+    names = list(settings) + (["baseline"] if with_baseline else [])
     diag_before = bench.ros.fresh_diag()
     try:
         for r in range(-1, wanted):
             if r >= 1 and time.monotonic() > deadline:
                 break
-            names = list(settings)
             order = names[r % len(names):] + names[:r % len(names)]
             for setting in order:
+                if setting == "baseline":
+                    _baseline_goals(bench, results, stop, size, r)
+                    continue
                 enabled, ready_s = settings[setting]
                 bench.ros.set_param("prefill.enabled", enabled)
                 if "on+ready" in settings:
@@ -88,6 +100,17 @@ def run(bench: Bench, results: Results) -> None:
     results.extra("prefill_diagnostics", {k: {"before": diag_before.get(k),
                                               "after": after.get(k)} for k in keys})
     results.mode("prefill", status="ran", rounds=rounds, wanted=wanted)
+
+
+def _baseline_goals(bench: Bench, results: Results, stop: threading.Event,
+                    size: tuple[int, int], r: int) -> None:
+    """Ask the baseline about its latest frame 3 times, at random phases of the camera."""
+    assert bench.ros is not None
+    for _ in range(3):
+        stop.wait(0.35)
+        out = bench.ros.baseline_request(PROMPT, LENGTHS["short"], bench.next_seed())
+        results.sample(phase="prefill", mode="baseline", setting="baseline",
+                       size=size_name(size), round=r, warmup=r < 0, **out)
 
 
 def _prefill_batch(bench: Bench, results: Results, setting: str, size: tuple[int, int],
