@@ -260,6 +260,16 @@ class IO:
                                            self._on_result, 50)
         self.client = ReasonClient("/cosmos_reason/reason")
 
+    def wait_results_matched(self, timeout_s: float = 30.0) -> bool:
+        """Wait until the node's ~/results publisher is discovered (a result published
+        before that is not delivered: the topic is volatile)."""
+        deadline = time.monotonic() + timeout_s
+        while self.side.node.count_publishers("/cosmos_reason/results") == 0:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
+        return True
+
     def _on_result(self, msg: ReasoningResult) -> None:
         with self.cond:
             self.results.append(msg)
@@ -310,7 +320,7 @@ def test_ctrl_c_while_serving_ends_every_goal_with_its_result(tiny_qwen3_vl):
         node.wait_ready()
         assert tree.spawned(1) and tree.spawned(2), f"no engine processes: {tree.names()}"
         io = IO()
-        assert io.client.wait_for_server(30.0)
+        assert io.client.wait_for_server(30.0) and io.wait_results_matched()
         waiting = io.submit(ReasonClient.goal("Next?", source=Goal.SOURCE_NEXT,
                                               wait_for_image_s=120.0, max_tokens=4),
                             Feedback.STAGE_WAITING_FOR_IMAGE)
