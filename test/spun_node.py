@@ -27,7 +27,13 @@ class SpinThread:
 
     def _spin(self) -> None:
         while not self._stop.is_set():
-            self.executor.spin_once(timeout_sec=0.05)
+            try:
+                self.executor.spin_once(timeout_sec=0.05)
+            except AttributeError:
+                # An ActionClient being constructed by another thread is in the node's
+                # waitables before its lock exists (ros2/rclpy#1589); it was fatal to the
+                # spin thread, and a test's goals then never got a response. Next pass.
+                time.sleep(0.001)
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """End the loop and the thread (bounded), then shut the executor down."""
