@@ -53,7 +53,8 @@ def test_install_twice_times_each_collection_once() -> None:
 def test_freeze_heap_freezes_live_objects() -> None:
     try:
         frozen, took_s = freeze_heap()
-        assert frozen == gc.get_freeze_count() > 1000 and took_s >= 0
+        # Frozen objects can only go (another thread of the process frees some), not come.
+        assert frozen > 1000 and 0 < gc.get_freeze_count() <= frozen and took_s >= 0
     finally:
         gc.unfreeze()
     assert gc.get_freeze_count() == 0
