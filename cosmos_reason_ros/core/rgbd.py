@@ -205,14 +205,6 @@ def depth_image(
     return DepthImage(view, DEPTH_UNITS_M[key] if scale is None else float(scale))
 
 
-def depth_to_metres(*args: object, **kwargs: object) -> np.ndarray:
-    """Decode a whole depth image to a ``(height, width)`` float array of metres.
-
-    Same arguments as :func:`depth_image`; for tools and tests that want the full array.
-    """
-    return depth_image(*args, **kwargs).metres()  # type: ignore[arg-type]
-
-
 def _size(value: Sequence[int], name: str) -> tuple[int, int]:
     try:
         w, h = value

@@ -23,7 +23,7 @@ from cosmos_reason_ros.core.lifting import (
     lift_point,
     lift_trajectory,
 )
-from cosmos_reason_ros.core.rgbd import CameraModel, check_registration, depth_to_metres
+from cosmos_reason_ros.core.rgbd import CameraModel, check_registration, depth_image
 from cosmos_reason_ros.core.types import BadImageError, BadRequestError, Box, Point, Trajectory
 
 CAM = CameraModel(fx=600.0, fy=600.0, cx=320.0, cy=240.0, width=640, height=480,
@@ -146,7 +146,7 @@ def test_box_centre_with_noise_and_invalid_pixels_within_1_5_cm_at_1_m():
         holes = rng.random(clean.shape) < 0.10  # 10 % invalid: half zeros, half NaN
         noisy[holes] = np.where(rng.random(int(holes.sum())) < 0.5, 0.0, np.nan)
         for fields in (as_32fc1(noisy), as_16uc1(noisy)):
-            result = lift_box(depth_to_metres(**fields), CAM, box)
+            result = lift_box(depth_image(**fields).metres(), CAM, box)
             assert result.valid, result.reason
             worst = max(worst, error(result.position, centre))
     assert worst <= 0.015
@@ -224,38 +224,38 @@ def test_16uc1_and_32fc1_give_the_same_answer():
     lo, hi = card((0.12, -0.05, 1.0))
     depth = render_cuboid(CAM, lo, hi, wall_z=1.30)
     box = project_box(CAM, lo, hi, margin=0.25)
-    from_mm = lift_box(depth_to_metres(**as_16uc1(depth)), CAM, box)
-    from_m = lift_box(depth_to_metres(**as_32fc1(depth)), CAM, box)
+    from_mm = lift_box(depth_image(**as_16uc1(depth)).metres(), CAM, box)
+    from_m = lift_box(depth_image(**as_32fc1(depth)).metres(), CAM, box)
     assert from_mm.valid and from_m.valid
     assert from_mm.position == pytest.approx(from_m.position, abs=1e-6)
     assert from_mm.size == pytest.approx(from_m.size, abs=1e-6)
 
 
-def test_depth_to_metres_units_byte_order_padding_and_scale():
+def test_depth_image_units_byte_order_padding_and_scale():
     mm = np.array([[0, 1000, 65535], [250, 1500, 3]], dtype=np.uint16)
     expected = mm.astype(np.float32) / 1000
-    little = depth_to_metres("16UC1", 3, 2, 6, mm.astype("<u2").tobytes())
-    big = depth_to_metres("16uc1", 3, 2, 6, mm.astype(">u2").tobytes(), is_bigendian=True)
+    little = depth_image("16UC1", 3, 2, 6, mm.astype("<u2").tobytes()).metres()
+    big = depth_image("16uc1", 3, 2, 6, mm.astype(">u2").tobytes(), is_bigendian=True).metres()
     padded_rows = np.zeros((2, 5), dtype="<u2")
     padded_rows[:, :3] = mm
-    padded = depth_to_metres("16UC1", 3, 2, 10, padded_rows.tobytes())
+    padded = depth_image("16UC1", 3, 2, 10, padded_rows.tobytes()).metres()
     for out in (little, big, padded):
         assert out.dtype == np.float32
         np.testing.assert_allclose(out, expected, rtol=1e-6)
     # A camera storing 0.1 mm units: depth.scale overrides the encoding's unit.
-    tenth = depth_to_metres("16UC1", 3, 2, 6, mm.tobytes(), scale=0.0001)
+    tenth = depth_image("16UC1", 3, 2, 6, mm.tobytes(), scale=0.0001).metres()
     np.testing.assert_allclose(tenth, expected / 10, rtol=1e-6)
     metres = np.array([[1.5, np.nan], [np.inf, 0.0]], dtype=np.float32)
-    out = depth_to_metres("32FC1", 2, 2, 8, metres.astype(">f4").tobytes(), is_bigendian=1)
+    out = depth_image("32FC1", 2, 2, 8, metres.astype(">f4").tobytes(), is_bigendian=1).metres()
     np.testing.assert_array_equal(out, metres)  # NaN/inf kept: lifting skips them
-    mm_floats = depth_to_metres("32FC1", 2, 2, 8, (metres * 1000).tobytes(), scale=0.001)
+    mm_floats = depth_image("32FC1", 2, 2, 8, (metres * 1000).tobytes(), scale=0.001).metres()
     np.testing.assert_allclose(mm_floats, metres, rtol=1e-6)
 
 
 @pytest.mark.parametrize("encoding", ["mono8", "rgb8", "16SC1", "64FC1", ""])
 def test_other_depth_encodings_are_refused_naming_what_is_allowed(encoding):
     with pytest.raises(BadImageError) as err:
-        depth_to_metres(encoding, 2, 2, 4, bytes(8))
+        depth_image(encoding, 2, 2, 4, bytes(8)).metres()
     assert repr(encoding) in err.value.message
     assert "16UC1" in err.value.message and "32FC1" in err.value.message
 
@@ -263,12 +263,12 @@ def test_other_depth_encodings_are_refused_naming_what_is_allowed(encoding):
 @pytest.mark.parametrize("scale", [0.0, -0.001, math.nan, math.inf])
 def test_bad_depth_scale_is_refused(scale):
     with pytest.raises(BadRequestError, match="depth.scale"):
-        depth_to_metres("16UC1", 2, 2, 4, bytes(8), scale=scale)
+        depth_image("16UC1", 2, 2, 4, bytes(8), scale=scale).metres()
 
 
 def test_inconsistent_depth_buffer_is_refused():
     with pytest.raises(BadImageError, match="len\\(data\\)"):
-        depth_to_metres("16UC1", 4, 2, 8, bytes(10))
+        depth_image("16UC1", 4, 2, 8, bytes(10)).metres()
 
 
 # --- registration ---------------------------------------------------------------------------

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 pytest.importorskip("rosbags", reason="needs rosbags (make setup)")
-from cosmos_reason_ros.core.rgbd import check_registration, depth_to_metres  # noqa: E402
+from cosmos_reason_ros.core.rgbd import check_registration, depth_image  # noqa: E402
 from cosmos_reason_ros.eval import bagio  # noqa: E402
 from cosmos_reason_ros.eval import demo_recording as dr  # noqa: E402
 from cosmos_reason_ros.ros.cdr import read_stored_frame  # noqa: E402
@@ -57,7 +57,7 @@ def test_depth_renders_the_3d_layout_that_projects_onto_the_drawn_boxes(bag):
                                              0, 0, 1])
     _t, data, _ = msgs[dr.DEPTH_TOPIC][0]
     d = read_stored_frame((False, data))
-    z = depth_to_metres(d.encoding, d.width, d.height, d.step, d.data, d.is_bigendian)
+    z = depth_image(d.encoding, d.width, d.height, d.step, d.data, d.is_bigendian).metres()
     gt = json.loads(msgs[dr.GROUND_TRUTH_TOPIC][0][2].data)
     assert gt["frame_id"] == dr.FRAME_ID
     scene = dr.render_frame(0.0, 320, 240)
@@ -97,7 +97,7 @@ def test_foreign_formats_and_determinism(tmp_path, bag):
     d = read_stored_frame((False, data))
     assert (d.encoding, d.width, d.height, d.frame_id) == ("32FC1", 160, 120, "other")
     assert t - d.stamp_ns == 250_000_000  # delivered late
-    z = depth_to_metres(d.encoding, d.width, d.height, d.step, d.data)
+    z = depth_image(d.encoding, d.width, d.height, d.step, d.data).metres()
     assert 0.005 < np.isnan(z).mean() < 0.02  # missing returns are NaN in 32FC1
     # Same parameters, same bytes (cached recordings are reused on that promise).
     again = dr.write_recording(tmp_path / "again", PARAMS)

@@ -21,7 +21,7 @@ import yaml
 
 pytest.importorskip("vllm", reason="needs the vLLM engine (make setup)")
 from cosmos_reason_ros.core.lifting import lift_box  # noqa: E402
-from cosmos_reason_ros.core.rgbd import depth_to_metres  # noqa: E402
+from cosmos_reason_ros.core.rgbd import depth_image  # noqa: E402
 from cosmos_reason_ros.core.types import Box  # noqa: E402
 from cosmos_reason_ros.eval import bagio, demo_recording, replay  # noqa: E402
 from cosmos_reason_ros.ros.cdr import read_stored_frame  # noqa: E402
@@ -58,7 +58,7 @@ def on_object_errors(bag, stamps, truth, camera):
         d = read_stored_frame((False, data))
         if d.stamp_ns not in stamps:
             continue
-        z = depth_to_metres(d.encoding, d.width, d.height, d.step, d.data)
+        z = depth_image(d.encoding, d.width, d.height, d.step, d.data).metres()
         for o in truth[d.stamp_ns].values():
             x0, y0, x1, y1 = o["box"]
             lifted = lift_box(z, camera, Box(x0, y0, x1 + 1, y1 + 1))
