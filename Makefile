@@ -10,6 +10,9 @@ ROS_DISTRO ?= kilted
 PYTEST_ARGS ?=
 ENVFILE := env-$(ROS_DISTRO).sh
 SHELL := /bin/bash
+# Python writes bytecode caches into the venv at first import (setup compiles none: see
+# scripts/setup.sh), also in shells that set PYTHONDONTWRITEBYTECODE.
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: setup test lint demo clean lock
 

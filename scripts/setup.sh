@@ -35,13 +35,15 @@ if ! stamp_ok "$VENV/.deps-stamp" "$deps_hash"; then
   pip_quiet() { env -u LD_LIBRARY_PATH -u _ROS_WHEELS_BOOTSTRAP_COMPLETE "$VENV/bin/pip" "$@" \
     --disable-pip-version-check 2>&1 | { grep -v "^WARNING: Location" || true; }; }
   # uv (from PyPI) installs the closure in parallel and links files from its cache, so the
-  # second distro's venv costs seconds; pip took ~3 min per venv. Bytecode is compiled at
-  # install: these shells set PYTHONDONTWRITEBYTECODE, and without .pyc files every process
-  # compiled vLLM and torch again (14 s instead of 5 s to import them). pip is the fallback.
+  # second distro's venv costs seconds; pip took ~3 min per venv. pip is the fallback. No
+  # bytecode is compiled here: compiling all 23 600 files took 70 s of CPU per venv, and a run
+  # imports ~a fifth of them; the Makefile lets Python write each one's cache at first import
+  # (it unexports PYTHONDONTWRITEBYTECODE, without which every process compiled vLLM and
+  # torch again: 14 s instead of 5 s to import them).
   find_links="${PIP_FIND_LINKS:-$("$VENV/bin/pip" config get global.find-links 2>/dev/null || true)}"
   pip_quiet install -q uv
   if ! env -u LD_LIBRARY_PATH -u _ROS_WHEELS_BOOTSTRAP_COMPLETE "$VENV/bin/uv" pip install -q \
-      --python "$VENV/bin/python" --compile-bytecode ${find_links:+--find-links "$find_links"} \
+      --python "$VENV/bin/python" ${find_links:+--find-links "$find_links"} \
       -r "$LOCK"; then
     log "uv could not install the lock file; installing with pip (~3 min)"
     pip_quiet install -q -r "$LOCK"

@@ -36,6 +36,10 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# One OpenMP thread per engine: CI runs several engines and test legs on 2 cores, where a
+# second thread spin-waits at each barrier for a descheduled partner (measured: the engine
+# tests took ~12 % less CPU and ~7 % less time under load; the same on an idle machine).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @pytest.fixture(scope="session")
@@ -52,6 +56,19 @@ def tiny_qwen2_5_vl() -> Path:
     from cosmos_reason_ros.tools.tiny_model import ensure_tiny_model
 
     return ensure_tiny_model("qwen2_5_vl")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Run modules with slow or real-engine tests first (stable: a module's tests stay together,
+    in order).
+
+    Under ``-n 2 --dist loadfile --no-loadscope-reorder`` (.ci/run) each worker then takes the
+    long modules early and the short ones fill the gaps at the end, instead of one worker
+    finishing a long module alone.
+    """
+    slow = {item.nodeid.split("::")[0] for item in items
+            if item.get_closest_marker("slow") or item.get_closest_marker("engine")}
+    items.sort(key=lambda item: item.nodeid.split("::")[0] not in slow)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

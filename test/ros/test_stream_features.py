@@ -171,8 +171,10 @@ def test_diagnostics_count_a_known_sequence_of_goals(stream):
 
 
 def test_diagnostics_warn_then_error_when_the_camera_goes_silent(stream):
-    # Short thresholds (defaults 2 s and 10 s): one frame, then silence past both.
-    node, _ = stream({"diagnostics.camera_warn_s": 0.5, "diagnostics.camera_error_s": 2.0,
+    # Short thresholds (defaults 2 s and 10 s): one frame, then silence past both. The WARN
+    # window is 3.5 s wide: with 1.5 s, a starved run's first status after the frame was
+    # already ERROR.
+    node, _ = stream({"diagnostics.camera_warn_s": 0.5, "diagnostics.camera_error_s": 4.0,
                       "diagnostics.period_s": 0.2})
     node.publish()
     node.wait_frames(1)
