@@ -3,7 +3,7 @@
 # /root/stage:
 #   bash scripts/gpu/install.sh ros    # ROS kit -> /tmp/ros312, build cosmos_reason_interfaces
 #                                      # for this Python -> /tmp/ros_ws/install, smoke: ros pkg
-#   bash scripts/gpu/install.sh vllm   # parts aa+ab+ac -> verify -> /tmp/site, smoke: vllm (+ ros pkg)
+#   bash scripts/gpu/install.sh vllm   # the parts site.parts names -> verify -> /tmp/site, smoke: vllm (+ ros pkg)
 #   bash scripts/gpu/install.sh all    # both
 # Then: source scripts/gpu/env.sh. Each step is skipped when already done on this machine
 # (FORCE=1 redoes it). Exit status non-zero when a step or a smoke check fails.
@@ -58,12 +58,14 @@ install_vllm() {
     log "vLLM site tree already at $VLLM_SITE"
     return
   fi
-  local missing=""
-  for p in aa ab ac; do [ -f "$S/site.tar.zst.part$p" ] || missing="$missing part$p"; done
+  local missing="" parts
+  [ -f "$S/site.parts" ] || missing=" site.parts (call 1)"
+  parts=$(cat "$S/site.parts" 2>/dev/null || true)
+  for p in $parts; do [ -f "$S/$p" ] || missing="$missing $p"; done
   [ -f "$S/site.sha256" ] || missing="$missing site.sha256"
-  [ -z "$missing" ] || fail "missing in $S:$missing (each staging call must run while the machine is still warm; a fresh machine needs calls 1-3 again)"
+  [ -z "$missing" ] || fail "missing in $S:$missing (each staging call must run while the machine is still warm; a fresh machine needs every staging call again, from call 1)"
   need_zstd
-  (cd "$S" && cat site.tar.zst.partaa site.tar.zst.partab site.tar.zst.partac > site.tar.zst \
+  (cd "$S" && cat $parts > site.tar.zst \
      && sha256sum -c --quiet site.sha256) || fail "vLLM carry hash mismatch (a part is damaged or from another build)"
   rm -rf "$VLLM_SITE" && mkdir -p "$VLLM_SITE"
   "${Z[@]}" -d -q --long=30 -c "$S/site.tar.zst" | tar xf - -C "$VLLM_SITE"

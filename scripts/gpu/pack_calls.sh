@@ -5,13 +5,15 @@
 #   bash scripts/gpu/pack_calls.sh
 #     in:  $SITE_ZST (make_carry.sh's site.tar.zst), $CARRY/site.sha256 and $CARRY/bin/ (zstd for the
 #          device), $CARRY/kit/ros312.tar.zst + ros312.sha256 (make_ros_kit.sh)
-#     out: $CARRY/call1/ = site.tar.zst.partaa + site.sha256 + ros312.tar.zst + ros312.sha256 + bin/
-#          $CARRY/call2/ = site.tar.zst.partab
-#          $CARRY/call3/ = site.tar.zst.partac
+#     out: $CARRY/call1/ = site.tar.zst.partaa + site.parts + site.sha256 + ros312.tar.zst
+#                          + ros312.sha256 + bin/
+#          $CARRY/callN/ = site.tar.zst.part<ab, ac, ...> for N = 2.. as many calls as it takes
 #          .gpucarry/  = hard links to call1/ (switch with: rm -rf .gpucarry && cp -al $CARRY/callN .gpucarry)
-# partaa is the smallest part, since call 1 also carries the ROS kit; partab and partac take
-# what is left (each <= PART_MAX, default 60 MiB). The sha256 is of the whole site.tar.zst, so
-# the shared device_install.sh logic (cat part* | sha256sum -c) still holds.
+# partaa fills what call 1 has room for beside the ROS kit; the other parts share what is left
+# evenly (each <= PART_MAX, default 60 MiB). The working tree grows (2.2 MiB by
+# now), so the number of calls is counted, not fixed: 3 while the tree stayed under ~1.6 MiB.
+# site.parts names the parts in order (install.sh reassembles from it); the sha256 is of the
+# whole site.tar.zst.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 CARRY=${CARRY:-/work/gpu-carry}
@@ -36,33 +38,44 @@ TREE=$(tree_bytes)
 BUDGET=$((LIMIT - TREE - MARGIN))
 TOTAL=$(stat -c %s "$SITE_ZST")
 EXTRA1=$(size "$CARRY/kit/ros312.tar.zst" "$CARRY/kit/ros312.sha256" "$CARRY/site.sha256" "$CARRY/bin")
-B=$(( BUDGET < PART_MAX ? BUDGET : PART_MAX ))   # partab
-C=$(( BUDGET < PART_MAX ? BUDGET : PART_MAX ))   # partac (at most)
-A=$((TOTAL - B - C))
-[ "$A" -gt 0 ] || { A=$((TOTAL / 3)); B=$A; C=$((TOTAL - 2 * A)); }
-C=$((TOTAL - A - B))
-[ $((A + EXTRA1)) -le "$BUDGET" ] || fail "call 1 would carry $(( (A + EXTRA1) / MiB )) MiB > budget $((BUDGET / MiB)) MiB: the ROS kit ($((EXTRA1 / MiB)) MiB) is too big for 3 calls"
+PART=$(( BUDGET < PART_MAX ? BUDGET : PART_MAX ))
+A=$((PART - EXTRA1))   # partaa: what call 1 has room for beside the ROS kit
+[ "$A" -gt 0 ] || fail "the ROS kit ($((EXTRA1 / MiB)) MiB) leaves no room in call 1 (budget $((BUDGET / MiB)) MiB)"
+REST=$((TOTAL - A))
+N=$(( 1 + (REST + PART - 1) / PART ))   # calls
+EACH=$(( (REST + N - 2) / (N - 1) ))     # the other parts, evenly
+suffix() { printf "a\\$(printf %03o $((96 + $1)))"; }   # 1 -> aa, 2 -> ab, ...
 
-rm -rf "$CARRY/call1" "$CARRY/call2" "$CARRY/call3"
-mkdir -p "$CARRY/call1" "$CARRY/call2" "$CARRY/call3"
+rm -rf "$CARRY"/call[0-9]*
 cut_part() {  # cut_part OFFSET COUNT OUT
   dd if="$SITE_ZST" of="$3" bs=1M iflag=skip_bytes,count_bytes skip="$1" count="$2" status=none
 }
-cut_part 0 "$A" "$CARRY/call1/site.tar.zst.partaa"
-cut_part "$A" "$B" "$CARRY/call2/site.tar.zst.partab"
-cut_part $((A + B)) "$C" "$CARRY/call3/site.tar.zst.partac"
-cp "$CARRY/site.sha256" "$CARRY/call1/"
-cp "$CARRY/kit/ros312.tar.zst" "$CARRY/kit/ros312.sha256" "$CARRY/call1/"
+offset=0
+: > "$CARRY/site.parts"
+for n in $(seq 1 "$N"); do
+  mkdir -p "$CARRY/call$n"
+  count=$(( n == 1 ? A : EACH ))
+  [ $((offset + count)) -le "$TOTAL" ] || count=$((TOTAL - offset))
+  name="site.tar.zst.part$(suffix "$n")"
+  cut_part "$offset" "$count" "$CARRY/call$n/$name"
+  echo "$name" >> "$CARRY/site.parts"
+  offset=$((offset + count))
+done
+[ "$offset" -eq "$TOTAL" ] || fail "parts cover $offset of $TOTAL bytes"
+cp "$CARRY/site.parts" "$CARRY/site.sha256" "$CARRY/kit/ros312.tar.zst" "$CARRY/kit/ros312.sha256" \
+  "$CARRY/call1/"
 cp -r "$CARRY/bin" "$CARRY/call1/"
-# check: the three parts are the whole file
-cat "$CARRY"/call{1,2,3}/site.tar.zst.part* | cmp - "$SITE_ZST" || fail "parts do not reassemble to $SITE_ZST"
+# check: the parts are the whole file
+(cd "$CARRY" && for n in $(seq 1 "$N"); do cat call"$n"/site.tar.zst.part*; done) | cmp - "$SITE_ZST" \
+  || fail "parts do not reassemble to $SITE_ZST"
 rm -rf "$ROOT/.gpucarry"
 cp -al "$CARRY/call1" "$ROOT/.gpucarry"
 (cd "$ROOT" && git check-ignore -q .gpucarry/site.tar.zst.partaa) || fail ".gpucarry/ is not git-ignored"
-for n in 1 2 3; do
+for n in $(seq 1 "$N"); do
   c=$(size "$CARRY/call$n")
+  [ $((c + TREE)) -le "$LIMIT" ] || fail "call $n would carry $(( (c + TREE) / MiB )) MiB"
   printf 'pack_calls: call %d carries %6.2f MiB + tree %.2f MiB = %6.2f MiB (limit 64): %s\n' "$n" \
     "$(awk -v x="$c" 'BEGIN{print x/1048576}')" "$(awk -v x="$TREE" 'BEGIN{print x/1048576}')" \
     "$(awk -v x="$((c + TREE))" 'BEGIN{print x/1048576}')" "$(cd "$CARRY/call$n" && ls | tr '\n' ' ')"
 done
-echo "pack_calls: .gpucarry/ holds call 1 now"
+echo "pack_calls: $N staging calls; .gpucarry/ holds call 1 now"

@@ -2,11 +2,11 @@
 # HERE: rehearse the device staging calls with a local Python 3.12 that stands in for the
 # device's python3 (a venv holding only what the device image has that we rely on: numpy,
 # pyyaml, pillow, opencv, setuptools, pyparsing, python-dateutil, requests ...), in a clean
-# environment, with the same commands the README gives for calls 1-3, from $CARRY/callN.
+# environment, with the same commands the README gives for the staging calls, from $CARRY/callN.
 #
 #   DEV_PY=/tmp/dev312/bin/python bash scripts/gpu/rehearse_local.sh
 #
-# Differences from the device, by necessity: no GPU and no torch/vLLM 0.24 here, so call 3
+# Differences from the device, by necessity: no GPU and no torch/vLLM 0.24 here, so the last call
 # only reassembles, verifies and unpacks the vLLM tree (no `import vllm`, no model build);
 # a separate stage dir (/tmp/rehearse/stage) instead of /root/stage.
 set -euo pipefail
@@ -33,11 +33,14 @@ t0=$(date +%s)
 echo "=== call 1: stage partaa + ROS kit, install ROS, build interfaces, smoke"
 swap 1
 (cd "$ROOT" && "${clean_env[@]}" bash -c 'bash scripts/gpu/stage.sh && bash scripts/gpu/install.sh ros') 2>&1 | tee "$R/call1.log"
-echo "=== call 2: stage partab"
-swap 2
-(cd "$ROOT" && "${clean_env[@]}" bash -c 'bash scripts/gpu/stage.sh') 2>&1 | tee "$R/call2.log"
-echo "=== call 3: stage partac, install vLLM tree (no import here: no CUDA torch), smoke ros pkg"
-swap 3
-(cd "$ROOT" && "${clean_env[@]}" SMOKE_GROUPS="ros pkg" bash -c 'bash scripts/gpu/stage.sh && bash scripts/gpu/install.sh vllm') 2>&1 | tee "$R/call3.log"
+calls=$(find "$CARRY" -maxdepth 1 -name 'call[0-9]*' | wc -l)   # pack_calls.sh counts them
+for n in $(seq 2 $((calls - 1))); do
+  echo "=== call $n: stage $(ls "$CARRY/call$n")"
+  swap "$n"
+  (cd "$ROOT" && "${clean_env[@]}" bash -c 'bash scripts/gpu/stage.sh') 2>&1 | tee "$R/call$n.log"
+done
+echo "=== call $calls: stage the last part, install vLLM tree (no import here: no CUDA torch), smoke ros pkg"
+swap "$calls"
+(cd "$ROOT" && "${clean_env[@]}" SMOKE_GROUPS="ros pkg" bash -c 'bash scripts/gpu/stage.sh && bash scripts/gpu/install.sh vllm') 2>&1 | tee "$R/call$calls.log"
 swap 1
 echo "=== rehearsal done in $(( $(date +%s) - t0 )) s; .gpucarry/ holds call 1 again; logs in $R"

@@ -13,5 +13,6 @@ else
   echo "stage: nothing carried in .gpucarry/ this call"
 fi
 have() { [ -e "$S/$1" ] && echo "$1" || echo "($1 missing)"; }
-echo "stage: $S holds: $(have site.tar.zst.partaa) $(have site.tar.zst.partab) $(have site.tar.zst.partac)" \
+parts=$(cat "$S/site.parts" 2>/dev/null || echo site.parts)
+echo "stage: $S holds: $(for p in $parts; do have "$p"; done | tr '\n' ' ')" \
      "$(have site.sha256) $(have ros312.tar.zst) $(have bin/zstd); disk free $(df -h "$S" | awk 'NR==2{print $4}')"
