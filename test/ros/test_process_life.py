@@ -21,6 +21,7 @@ import sys
 import textwrap
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -217,9 +218,10 @@ def test_close_delivers_the_aborted_result_of_every_accepted_goal():
 # --- real node processes ---------------------------------------------------------------------
 
 
-def start_node(model, params: dict | None = None) -> tuple[NodeProcess, ProcessTree]:
+def start_node(model, params: dict | None = None,
+               name: str | None = None) -> tuple[NodeProcess, ProcessTree]:
     node = NodeProcess("cpu_demo", {"engine.model": str(model), **(params or {})},
-                       env=ENGINE_PROCESSES)
+                       remaps=[f"__node:={name}"] if name else (), env=ENGINE_PROCESSES)
     return node, ProcessTree(node.proc.pid)
 
 
@@ -392,8 +394,13 @@ def test_sigkill_after_ready_leaves_no_engine_process(tiny_qwen3_vl):
 # --- signals during start-up (items 2 and 3) ---------------------------------------------------
 
 
-def in_ros_graph(name: str = "cosmos_reason"):
-    """Predicate: the node is visible in the ROS graph (constructed; its engine starts)."""
+def in_ros_graph(name: str):
+    """Predicate: the node is visible in the ROS graph (constructed; its engine starts).
+
+    ``name`` must be this test's own: an earlier test's killed node stays in the graph until
+    its DDS lease runs out, and a check for the usual name saw it and signalled the new
+    process while it was still importing (exit -15 in a CI run).
+    """
     side = SpunNode("process_life_graph")
 
     def check(_tree: ProcessTree) -> bool:
@@ -416,13 +423,14 @@ STARTUP_POINTS = [
 @pytest.mark.parametrize(("when", "sig", "group"), STARTUP_POINTS,
                          ids=[p[0].split(",")[0].replace(" ", "_") for p in STARTUP_POINTS])
 def test_stop_signal_during_startup_ends_everything_cleanly(tiny_qwen3_vl, when, sig, group):
-    node, tree = start_node(tiny_qwen3_vl)
+    name = f"cosmos_reason_{uuid.uuid4().hex[:8]}"
+    node, tree = start_node(tiny_qwen3_vl, name=name)
     graph = None
     try:
         if when == "2 s after launch":
             time.sleep(2.0)  # a point in time, not an event: whatever the node is doing then
         elif when.startswith("in the ROS graph"):
-            graph = in_ros_graph()
+            graph = in_ros_graph(name)
             assert tree.wait_for(graph, 120), node.output[-3000:]
         elif when == "engine core started":
             assert tree.wait_for(lambda t: t.spawned(1), 300), node.output[-3000:]
