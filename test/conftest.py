@@ -38,7 +38,7 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # One OpenMP thread per engine: CI runs several engines and test legs on 2 cores, where a
 # second thread spin-waits at each barrier for a descheduled partner (measured: the engine
-# tests took ~12 % less CPU and ~7 % less time under load; the same on an idle machine).
+# tests took ~12 % less CPU and ~7 % less time under load, the same on an idle machine).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
