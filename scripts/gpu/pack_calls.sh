@@ -41,9 +41,10 @@ EXTRA1=$(size "$CARRY/kit/ros312.tar.zst" "$CARRY/kit/ros312.sha256" "$CARRY/sit
 PART=$(( BUDGET < PART_MAX ? BUDGET : PART_MAX ))
 A=$((PART - EXTRA1))   # partaa: what call 1 has room for beside the ROS kit
 [ "$A" -gt 0 ] || fail "the ROS kit ($((EXTRA1 / MiB)) MiB) leaves no room in call 1 (budget $((BUDGET / MiB)) MiB)"
+[ "$A" -le "$TOTAL" ] || A=$TOTAL
 REST=$((TOTAL - A))
 N=$(( 1 + (REST + PART - 1) / PART ))   # calls
-EACH=$(( (REST + N - 2) / (N - 1) ))     # the other parts, evenly
+EACH=$(( N > 1 ? (REST + N - 2) / (N - 1) : 0 ))   # the other parts, evenly
 suffix() { printf "a\\$(printf %03o $((96 + $1)))"; }   # 1 -> aa, 2 -> ab, ...
 
 rm -rf "$CARRY"/call[0-9]*
