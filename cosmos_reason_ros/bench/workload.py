@@ -7,7 +7,7 @@ import dataclasses
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -117,6 +117,19 @@ def parse_size(text: str) -> tuple[int, int]:
     if not sep or not w.isdigit() or not h.isdigit() or int(w) <= 0 or int(h) <= 0:
         raise argparse.ArgumentTypeError(f"size {text!r}: expected WIDTHxHEIGHT, e.g. 1280x720")
     return int(w), int(h)
+
+
+T = TypeVar("T")
+
+
+def rotated(items: Sequence[T], k: int) -> list[T]:
+    """``items`` starting at index ``k`` (modulo its length), wrapping around.
+
+    The phases rotate which side or setting goes first from round to round, so none is always
+    measured first (or right after another).
+    """
+    k %= len(items)
+    return [*items[k:], *items[:k]]
 
 
 def size_name(size: tuple[int, int]) -> str:

@@ -12,7 +12,7 @@ polling on the same core).
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING
 
 from cosmos_reason_ros.bench import stats as benchstats
 from cosmos_reason_ros.bench.results import Results
@@ -23,14 +23,12 @@ from cosmos_reason_ros.bench.workload import (
     LENGTHS,
     PROMPT,
     picture,
+    rotated,
     size_name,
 )
 
 if TYPE_CHECKING:
     from cosmos_reason_ros.bench.runner import Bench
-
-T = TypeVar("T")
-
 
 def run(bench: Bench, results: Results) -> None:
     """One camera vs two, engine and node, short answers, rounds interleaved."""
@@ -58,8 +56,8 @@ def run(bench: Bench, results: Results) -> None:
         # sides in alternating order. A side comes first and after the switch every other
         # round, so its settings alternate every two rounds: each setting is as often the
         # side's first request, and the first after the switch.
-        for side in _rotated(modes, r):
-            for n in _rotated(counts, r // 2):
+        for side in rotated(modes, r):
+            for n in rotated(counts, r // 2):
                 front_rgb, wrist_rgb = (rgb for _, rgb in pictures[n])
                 for _attempt in range(2):
                     stamp = bench.publish_frame([side], front_rgb, wrist=wrist_rgb)
@@ -80,8 +78,3 @@ def run(bench: Bench, results: Results) -> None:
     results.extra("cameras", {**sizes, **benchstats.camera_cost(results.data["samples"])})
     results.mode("cameras", status="ran", rounds=rounds, wanted=wanted, **sizes)
 
-
-def _rotated(items: list[T], k: int) -> list[T]:
-    """``items`` starting at index ``k`` (modulo its length), wrapping around."""
-    k %= len(items)
-    return items[k:] + items[:k]

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from cosmos_reason_ros.bench.results import Results, record_batch
-from cosmos_reason_ros.bench.workload import LENGTHS, PROMPT, picture, size_name
+from cosmos_reason_ros.bench.workload import LENGTHS, PROMPT, picture, rotated, size_name
 
 if TYPE_CHECKING:
     from cosmos_reason_ros.bench.runner import Bench
@@ -31,8 +31,7 @@ def run(bench: Bench, results: Results) -> None:
         order = list(levels) if r >= 0 else [max(levels)]
         random.Random(100 + r).shuffle(order)
         for i, n in enumerate(order):
-            k = (r + i) % len(modes)
-            for mode in modes[k:] + modes[:k]:
+            for mode in rotated(modes, r + i):
                 _batch(bench, results, mode, n, size, max_tokens, r)
         rounds += r >= 0
     results.mode("concurrency", status="ran", rounds=rounds, wanted=wanted,

@@ -45,6 +45,7 @@ from cosmos_reason_ros.bench.workload import (
     SERVED_NAME,
     engine_settings,
     picture,
+    rotated,
     size_name,
 )
 
@@ -328,8 +329,7 @@ def _rounds(bench: Bench, results: Results, robots: list[Robot],
             break
         if r == 0:  # counters from here on: the measured rounds (prefills included)
             before = _counters(routers, workers)
-        k = r % len(policies)
-        for policy in policies[k:] + policies[:k]:
+        for policy in rotated(policies, r):
             threads = [threading.Thread(target=_ask_pair, daemon=True, args=(
                 robot, results, r, size, phase_s, random.Random(rng.random())))
                 for robot in robots if robot.policy == policy]

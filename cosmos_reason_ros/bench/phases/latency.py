@@ -8,7 +8,7 @@ import time
 from typing import TYPE_CHECKING
 
 from cosmos_reason_ros.bench.results import Results
-from cosmos_reason_ros.bench.workload import LENGTHS, PROMPT, picture, size_name
+from cosmos_reason_ros.bench.workload import LENGTHS, PROMPT, picture, rotated, size_name
 
 if TYPE_CHECKING:
     from cosmos_reason_ros.bench.runner import Bench
@@ -42,8 +42,7 @@ def run(bench: Bench, results: Results) -> None:
             seed = bench.next_seed()
             rgb = picture(size[0], size[1], seed)
             stamp = bench.publish_frame(modes, rgb)
-            k = (r + i) % len(modes)
-            for mode in modes[k:] + modes[:k]:
+            for mode in rotated(modes, r + i):
                 out = bench.run_one(mode, rgb, stamp, PROMPT, LENGTHS.get(length, 8), seed)
                 results.sample(phase="latency", mode=mode, size=size_name(size),
                                length=length, target_tokens=LENGTHS[length], round=r,

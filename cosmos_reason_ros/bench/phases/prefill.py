@@ -21,6 +21,7 @@ from cosmos_reason_ros.bench.workload import (
     PREFILL_SETTINGS,
     PROMPT,
     picture,
+    rotated,
     size_name,
 )
 
@@ -69,8 +70,7 @@ def run(bench: Bench, results: Results) -> None:
         for r in range(-1, wanted):
             if r >= 1 and time.monotonic() > deadline:
                 break
-            order = names[r % len(names):] + names[:r % len(names)]
-            for setting in order:
+            for setting in rotated(names, r):
                 if setting == "baseline":
                     _baseline_goals(bench, results, stop, size, r)
                     continue
