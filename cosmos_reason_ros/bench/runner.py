@@ -93,6 +93,7 @@ from cosmos_reason_ros.bench.workload import (
     REPO_ROOT,
     SERVED_NAME,
     WRIST_TOPIC,
+    about_earlier_frame,
     engine_settings,
     parse_engine_args,
     parse_size,
@@ -120,6 +121,10 @@ class Bench:
         self.available: dict[str, str] = {}  # part -> "" (up) or why it is not
         self.prefill_param = False
         self.seed = 1
+        # The node's latest pictures (stamp, front, wrist) and, per stamp, the stamp they
+        # were published again under (republish_node_frame).
+        self._node_frame: tuple[int, np.ndarray, np.ndarray | None] | None = None
+        self._republished: dict[int, int] = {}
         self.gc_pauses = GcPauses().install()
 
     def next_seed(self) -> int:
@@ -269,7 +274,12 @@ class Bench:
                        else self.engine.submit(rgb, prompt, max_tokens))()
             elif mode == "node":
                 assert self.ros is not None
-                out = self.ros.node_submit(prompt, max_tokens, [n for n, _ in cameras])()
+                names = [n for n, _ in cameras]
+                stamp_ns = self._republished.get(stamp_ns, stamp_ns)
+                out = self.ros.node_submit(prompt, max_tokens, names)()
+                if about_earlier_frame(out, stamp_ns):
+                    stamp_ns = self.republish_node_frame(stamp_ns)
+                    out = self.ros.node_submit(prompt, max_tokens, names)()
             else:
                 assert self.ros is not None
                 out = self.ros.baseline_request(prompt, max_tokens, seed)
@@ -279,6 +289,20 @@ class Bench:
             out["ok"] = False
             out["error"] = f"answered about frame {out.get('stamp_ns')} instead of {stamp_ns}"
         return out
+
+    def republish_node_frame(self, stamp_ns: int) -> int:
+        """Publish the node's pictures of ``stamp_ns`` again, under a new stamp; return it.
+
+        Acknowledged by DDS is not yet stored by the node: under load a goal sent right after
+        the publish rightly gets the newest frame (or camera set) the node had stored, the
+        previous one. The same pictures under a new stamp, asked again, measure the same work;
+        later questions about ``stamp_ns`` (run_one) expect the new stamp.
+        """
+        assert self._node_frame is not None and self._node_frame[0] == stamp_ns
+        _, rgb, wrist = self._node_frame
+        new = self.publish_frame(["node"], rgb, wrist=wrist)
+        self._republished = {stamp_ns: new}
+        return new
 
     def publish_frame(self, modes: Sequence[str], rgb: np.ndarray,
                       wrist: np.ndarray | None = None) -> int:
@@ -293,6 +317,7 @@ class Bench:
         stamp = self.ros.now_ns()
         msg = self.ros.image_msg(rgb, stamp)
         if "node" in modes:
+            self._node_frame = (stamp, rgb, wrist)
             if wrist is not None:
                 self.ros.publish(WRIST_TOPIC, self.ros.image_msg(wrist, stamp))
             self.ros.publish(NODE_TOPIC, msg)

@@ -63,6 +63,47 @@ def test_node_parameters_reach_the_node_with_their_types() -> None:
     assert got == values
 
 
+class _StaleFirstRos:
+    """A node that answers about the frame before the newest once, then about the newest."""
+
+    def __init__(self) -> None:
+        self.stamps: list[int] = []
+        self.published: list[tuple[str, int]] = []
+        self.answers_about_earlier = 1
+
+    def now_ns(self) -> int:
+        return 1_000 * (len(self.stamps) + 1)
+
+    def image_msg(self, rgb: object, stamp_ns: int) -> int:
+        self.stamps.append(stamp_ns)
+        return stamp_ns
+
+    def publish(self, topic: str, msg: int) -> None:
+        self.published.append((topic, msg))
+
+    def node_submit(self, prompt: str, max_tokens: int, cameras: object = ()) -> object:
+        stale = self.answers_about_earlier > 0
+        self.answers_about_earlier -= 1
+        stamp = self.stamps[-1] - 1 if stale else self.stamps[-1]
+        return lambda: {"ok": True, "stamp_ns": stamp}
+
+
+def test_a_node_answer_about_the_previous_frame_is_asked_again_on_the_same_pictures() -> None:
+    # Acked by DDS is not stored by the node: the bench publishes the same pictures under a
+    # new stamp and asks again, and a later question about the first stamp expects the new one.
+    bench = runner.Bench(runner.parse_args(["--modes", "node"]))
+    bench.ros = ros = _StaleFirstRos()  # type: ignore[assignment]
+    rgb = workload.picture(8, 6, 1)
+    stamp = bench.publish_frame(["node"], rgb)
+    first = bench.run_one("node", rgb, stamp, "q", 8, 0)
+    assert first == {"ok": True, "stamp_ns": ros.stamps[-1]} and ros.stamps[-1] != stamp
+    assert [t for t, _ in ros.published] == [workload.NODE_TOPIC] * 2
+    assert bench.run_one("node", rgb, stamp, "q2", 8, 0)["ok"]
+    ros.answers_about_earlier = 2  # stale twice: a failed sample that names both stamps
+    again = bench.run_one("node", rgb, bench.publish_frame(["node"], rgb), "q", 8, 0)
+    assert not again["ok"] and "instead of" in again["error"]
+
+
 def test_pictures_are_deterministic_and_differ_per_seed() -> None:
     a, b = workload.picture(64, 48, 3), workload.picture(64, 48, 3)
     assert a.shape == (48, 64, 3) and (a == b).all()

@@ -59,18 +59,11 @@ def run(bench: Bench, results: Results) -> None:
         for side in rotated(modes, r):
             for n in rotated(counts, r // 2):
                 front_rgb, wrist_rgb = (rgb for _, rgb in pictures[n])
-                for _attempt in range(2):
-                    stamp = bench.publish_frame([side], front_rgb, wrist=wrist_rgb)
-                    if last_side and side != last_side:
-                        time.sleep(max(0.0, last_done + switch_wait_s - time.monotonic()))
-                    out = bench.run_one(side, front_rgb, stamp, PROMPT, LENGTHS["short"], 0,
-                                        cameras=pictures[n][:n])
-                    # Acknowledged by DDS is not yet stored by the node: a goal that came
-                    # between the front and the wrist frame's storing rightly got the newest
-                    # complete set, the previous one. Publish again (new stamp) and re-ask.
-                    if out.get("ok") or not str(out.get("error")).startswith(
-                            "answered about frame"):
-                        break
+                stamp = bench.publish_frame([side], front_rgb, wrist=wrist_rgb)
+                if last_side and side != last_side:
+                    time.sleep(max(0.0, last_done + switch_wait_s - time.monotonic()))
+                out = bench.run_one(side, front_rgb, stamp, PROMPT, LENGTHS["short"], 0,
+                                    cameras=pictures[n][:n])
                 last_side, last_done = side, time.monotonic()
                 results.sample(phase="cameras", mode=side, cameras=n, **sizes,
                                length="short", round=r, warmup=r < 0, **out)
