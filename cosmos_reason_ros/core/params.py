@@ -320,6 +320,11 @@ class LimitsParams:
     feedback_rate_hz: float
     """Max feedback messages per second per goal. Default: 10.0. Allowed: >= 0.1, <= 1000."""
 
+    feedback_total_rate_hz: float
+    """Max text feedback messages per second over all generating goals together: with many goals
+    each gets a share (never more than feedback_rate_hz). Bounds what every action client must
+    decode: all goals share one feedback topic. Default: 50.0. Allowed: >= 1.0, <= 10000."""
+
     result_keep_s: int
     """Seconds a finished goal's result stays available to late result requests. Every finished goal
     kept is repeated in each action status message, which every action client decodes (ROS 2

@@ -24,6 +24,7 @@ import enum
 import json
 import logging
 import math
+import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -147,6 +148,7 @@ class Settings:
     clip_min_fps: float = 0.0
     decode_max_pixels: int = imaging.DEFAULT_MAX_PIXELS
     feedback_rate_hz: float = 10.0
+    feedback_total_rate_hz: float = 50.0
     ready_frame_within_s: float = 0.0
     depth: DepthSettings | None = None  # None: depth input off
     # Requests about a camera carry the routing key '<prefix>/<camera>' (core/routing.py).
@@ -179,6 +181,7 @@ class Settings:
             clip_min_fps=p.image.clip_min_fps,
             decode_max_pixels=p.image.max_pixels,
             feedback_rate_hz=p.limits.feedback_rate_hz,
+            feedback_total_rate_hz=p.limits.feedback_total_rate_hz,
             ready_frame_within_s=p.prefill.ready_frame_within_s,
             depth=DepthSettings(
                 scale=p.depth.scale or None, max_skew_s=p.depth.max_skew_s,
@@ -297,6 +300,8 @@ class GoalPipeline(Generic[P]):
         self.source_name = source_name
         self.lifter = lifter
         self.to_target_frame = to_target_frame
+        self._generating = 0  # goals streaming from the engine now (feedback shares)
+        self._generating_lock = threading.Lock()
 
     @classmethod
     def for_cameras(cls, settings: Settings, runner: Any,
@@ -689,12 +694,21 @@ class GoalPipeline(Generic[P]):
         """Whether the lifter (the default camera's depth) fits the media: that camera only."""
         return all(c.camera == self.default_camera for c in media.cameras)
 
+    def _feedback_interval(self) -> float:
+        """Seconds between one goal's text feedback: its own cap, or its share of the total.
+
+        Every action client decodes every goal's feedback (one topic per action). 50 goals at
+        10 Hz each stalled the node for up to a minute under CPU load (docs/RELIABILITY.md,
+        "Mass cancel"); a share of the total rate bounds that whatever the number of goals.
+        """
+        s = self.settings
+        return max(1.0 / s.feedback_rate_hz, self._generating / s.feedback_total_rate_hz)
+
     def _generate(self, run: GoalRun, goal: ValidGoal, deadline: float, t_start: float,
                   should_stop: Callable[[], Stop | None], on_stage: Callable[[Stage], None],
                   on_progress: Callable[[str, int], None]) -> None:
         assert run.media is not None and run.request is not None
         output = query.OutputAccumulator()
-        min_interval = 1.0 / self.settings.feedback_rate_hz
         pending: list[str] = []
         last_progress = 0.0
         t_submit = time.monotonic()
@@ -702,6 +716,8 @@ class GoalPipeline(Generic[P]):
         on_stage(Stage.GENERATING)
         stopped: CosmosReasonError | None = None
         stop_at = 0.0
+        with self._generating_lock:
+            self._generating += 1
         try:
             while True:
                 if stopped is None:
@@ -721,7 +737,7 @@ class GoalPipeline(Generic[P]):
                 output.add(chunk)
                 pending.append(chunk.reasoning_delta + chunk.text_delta)
                 now = time.monotonic()
-                if chunk.finish_reason is None and now - last_progress >= min_interval:
+                if chunk.finish_reason is None and now - last_progress >= self._feedback_interval():
                     on_progress("".join(pending), output.output_tokens)
                     pending.clear()
                     last_progress = now
@@ -729,6 +745,9 @@ class GoalPipeline(Generic[P]):
                     break
         except CosmosReasonError as e:
             stopped = e  # an engine failure mid-stream: keep what was generated
+        finally:
+            with self._generating_lock:
+                self._generating -= 1
         if pending and stopped is None:
             on_progress("".join(pending), output.output_tokens)
         run.time_to_first_token_s = (t_submit - t_start) + (output.first_token_s or 0.0)

@@ -359,6 +359,10 @@ PARAMS: tuple[Param, ...] = (
           "its max_tokens (end-of-sequence ignored), so output lengths are comparable."),
     Param("limits.feedback_rate_hz", 10.0, "Max feedback messages per second per goal.",
           _range(0.1, 1000)),
+    Param("limits.feedback_total_rate_hz", 50.0, "Max text feedback messages per second over "
+          "all generating goals together: with many goals each gets a share (never more than "
+          "feedback_rate_hz). Bounds what every action client must decode: all goals share "
+          "one feedback topic.", _range(1.0, 10000)),
     Param("limits.result_keep_s", 10, "Seconds a finished goal's result stays available to "
           "late result requests. Every finished goal kept is repeated in each action status "
           "message, which every action client decodes (ROS 2 Humble/Jazzy keep 900 s).",

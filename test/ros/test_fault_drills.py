@@ -37,8 +37,10 @@ pytestmark = [pytest.mark.ros, pytest.mark.engine, pytest.mark.slow]
 
 Goal = Reason.Goal
 Feedback = Reason.Feedback
-MAX_RUNNING, MAX_QUEUED = 16, 64
-CANCEL_BURST = 16
+MAX_RUNNING, MAX_QUEUED = 50, 32
+# The mass-cancel drill (issue #25): 50 goals generating long answers (7 000 of 8 192 tokens of
+# context), cancelled at once; the engine must be idle within 2 s.
+CANCEL_BURST, CANCEL_TOKENS, CANCEL_IDLE_S = 50, 7000, 2.0
 
 
 class IO:
@@ -220,10 +222,11 @@ def node(tiny_qwen3_vl):
     # The engine core in its own process (vLLM's default), so a drill can kill it.
     proc = NodeProcess("cpu_demo", {
         "engine.model": str(tiny_qwen3_vl), "limits.max_concurrent_goals": MAX_RUNNING,
-        **ENDLESS_LIMITS,
-        "limits.max_queued_goals": MAX_QUEUED, "image.qos_reliability": "reliable",
-        "image.qos_depth": 10, "image.max_age_s": 1.0, "diagnostics.period_s": 0.25,
-        "diagnostics.camera_warn_s": 1.0, "diagnostics.camera_error_s": 3.0},
+        **ENDLESS_LIMITS, "limits.max_tokens": CANCEL_TOKENS, "engine.max_model_len": 8192,
+        "engine.max_num_seqs": 64, "limits.max_queued_goals": MAX_QUEUED,
+        "image.qos_reliability": "reliable", "image.qos_depth": 10, "image.max_age_s": 1.0,
+        "diagnostics.period_s": 0.25, "diagnostics.camera_warn_s": 1.0,
+        "diagnostics.camera_error_s": 3.0},
         env={"VLLM_ENABLE_V1_MULTIPROCESSING": "1"})
     proc.wait_ready()
     yield proc
@@ -267,15 +270,17 @@ def test_100_goals_at_once_every_goal_gets_a_result(io):
 
 
 # What only the real engine shows: vLLM's own running count returns to 0 after a burst of
-# cancels. The node's side (every goal CANCELED, every request aborted, 50 at once) is in
-# the fast tier (test_node_fast.py); 16 goals here keep a starved CI machine's cancel
-# backlog short.
+# cancels, on every distro. The node's side (every goal CANCELED, every request aborted, 50 at
+# once) is in the fast tier (test_node_fast.py). At 10 feedback messages a second per goal
+# (no total cap) this drill's node stalled for up to a minute under CPU load, every goal
+# ending TIMEOUT: limits.feedback_total_rate_hz (docs/RELIABILITY.md, "Mass cancel").
+@pytest.mark.every_distro
 def test_goals_cancelled_at_once_leave_the_engine_idle(io):
-    started = threading.Event()
+    started = [threading.Event() for _ in range(CANCEL_BURST)]
     handles = [io.client.submit(image_goal("Write a lot.", response_schema=ENDLESS_SCHEMA,
-                                           max_tokens=ENDLESS_TOKENS), generating(started))
-               for _ in range(CANCEL_BURST)]
-    assert started.wait(120), "no goal started generating"
+                                           max_tokens=CANCEL_TOKENS), generating(e))
+               for e in started]
+    assert all(e.wait(180) for e in started), "not every goal started generating"
     time.sleep(0.5)
     t_cancel = time.monotonic()
     for h in handles:
@@ -283,16 +288,18 @@ def test_goals_cancelled_at_once_leave_the_engine_idle(io):
     results = [h.result(60) for h in handles]
     took = time.monotonic() - t_cancel
     statuses = [(r.status, r.error_code) for r in results]
-    print(f"\n{CANCEL_BURST} goals cancelled at once: all ended canceled {took:.2f} s after "
-          f"the cancel")
+    print(f"\n{CANCEL_BURST} generating goals cancelled at once: all ended canceled "
+          f"{took:.2f} s after the cancel")
     assert statuses == [("canceled", ErrorCode.CANCELLED)] * CANCEL_BURST, [
         (r.status, r.message.finish_reason, r.message.output_tokens, r.message.answer[:60])
         for r in results if r.status != "canceled"]
-    # vLLM's own running-request count, through diagnostics, drops to zero.
+    # vLLM's own unfinished-request count, through diagnostics, drops to zero.
     found = io.wait_diag(lambda s: values(s).get("engine_running_requests") == "0", 15,
-                         since=time.monotonic())
-    assert found is not None, "the engine still runs requests after the mass cancel"
-    print(f"engine idle {found[0] - t_cancel:.2f} s after the cancel")
+                         since=t_cancel)
+    assert found is not None, "the engine still runs requests 15 s after the mass cancel"
+    idle_s = found[0] - t_cancel
+    print(f"engine idle {idle_s:.2f} s after the cancel")
+    assert idle_s <= CANCEL_IDLE_S
     assert io.client.run(image_goal(), 60).ok
 
 

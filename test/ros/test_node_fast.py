@@ -262,6 +262,28 @@ def test_feedback_is_throttled_to_the_rate_and_loses_no_text(make_node):
     assert 2 <= len(with_text) <= 8  # ~0.6 s of deltas at 5 Hz, not 60 messages
 
 
+def test_feedback_of_many_goals_shares_the_total_rate_and_loses_no_text(make_node):
+    # Every action client decodes every goal's feedback: 5 goals at 10 Hz each would send
+    # ~60 text messages in 1.2 s; the total cap (5 Hz) allows ~6 plus each goal's first.
+    n = make_node({"limits.feedback_rate_hz": 10.0, "limits.feedback_total_rate_hz": 5.0,
+                   "limits.max_concurrent_goals": 5},
+                  script=lambda r: Script(deltas=[f"{i} " for i in range(60)], delay_s=0.02))
+    n.publish()
+    n.wait_frames(1)
+    feedbacks: list[list] = [[] for _ in range(5)]
+    handles = [n.send(fb, prompt="Count.") for fb in feedbacks]
+    for handle in handles:
+        status, result = n.result(handle)
+        assert status == GoalStatus.STATUS_SUCCEEDED
+    text = "".join(f"{i} " for i in range(60))
+    deadline = time.monotonic() + 10.0  # feedback may trail the result: see stages()
+    while any("".join(fb.text_delta for fb in f) != text for f in feedbacks):
+        assert time.monotonic() < deadline, "feedback text differs from the deltas"
+        time.sleep(0.01)
+    with_text = sum(1 for f in feedbacks for fb in f if fb.text_delta)
+    assert 5 <= with_text <= 20, with_text
+
+
 def test_diagnostics_count_outcomes(make_node):
     n = make_node(script=lambda r: Script(deltas=["ok"]))
     n.publish()
