@@ -8,6 +8,8 @@ setup(
     name=package_name,
     version="0.1.0",
     packages=find_packages(exclude=["test", "test.*"]),
+    # The console's page (HTML, CSS, JavaScript), served from the installed package.
+    package_data={"cosmos_reason_ros.console": ["static/*"]},
     data_files=[
         ("share/ament_index/resource_index/packages", [f"resource/{package_name}"]),
         (f"share/{package_name}", ["package.xml"]),
@@ -31,6 +33,7 @@ setup(
             "tiny_model = cosmos_reason_ros.tools.tiny_model:main",
             "bench = cosmos_reason_ros.bench.runner:main",
             "soak = cosmos_reason_ros.bench.soak:main",
+            "console = cosmos_reason_ros.console.server:main",
         ],
     },
 )

@@ -12,12 +12,14 @@ r"""Start the cosmos_reason node with a config preset.
     ros2 launch cosmos_reason_ros cosmos_reason.launch.py config:=x86_gpu \
         cameras:=front=/front/image_raw,wrist=/wrist/image_raw
     ros2 launch cosmos_reason_ros cosmos_reason.launch.py config:=x86_gpu lifecycle:=true
+    ros2 launch cosmos_reason_ros cosmos_reason.launch.py config:=x86_gpu console:=true
 
 `config` is a preset name (a file in this package's share/config/) or a path to a parameter
 file; `model`, `engine` and `endpoint` override the preset when non-empty. Everything else is
 a parameter in the file (docs/PARAMETERS.md). `lifecycle:=true` starts a managed node
 (`lifecycle.enabled`, a launch_ros LifecycleNode) that waits unconfigured for a lifecycle
-manager (docs/INTERFACES.md, "Managed (lifecycle) mode").
+manager (docs/INTERFACES.md, "Managed (lifecycle) mode"). `console:=true` also starts the
+operator web console (the `console` command) for this node on http://127.0.0.1:8080/.
 """
 
 # LaunchDescription comes from its module, not `from launch import ...`: this repository's
@@ -32,6 +34,7 @@ from launch_ros.actions import Node
 
 PACKAGE = "cosmos_reason_ros"
 EXECUTABLE = "cosmos_reason_node"
+CONSOLE_EXECUTABLE = "console"
 # The presets are keyed "/**" (any node name and namespace), so `namespace` and a renamed
 # node keep them; the node fails at start if a file given here applies to it nowhere.
 NODE_NAME = "cosmos_reason"
@@ -65,6 +68,8 @@ ARGUMENTS = (
     ("log_level", "info", "Logging level: debug, info, warn, error, fatal."),
     ("lifecycle", "false", "Managed (lifecycle) node: unconfigured until a lifecycle manager "
      "(e.g. nav2_lifecycle_manager) configures and activates it (lifecycle.enabled)."),
+    ("console", "false", "Also start the operator web console for this node (the console "
+     "command) on http://127.0.0.1:8080/, showing image_topic or the cameras."),
 )
 
 
@@ -131,6 +136,7 @@ def launch_node(context, *args, **kwargs):
     action = Node
     if managed:  # the same process; launch_ros's LifecycleNode also takes transition events
         from launch_ros.actions import LifecycleNode as action
+    consoles = [console_node(arg)] if _is_true(arg["console"]) else []
     return [action(
         package=PACKAGE,
         executable=EXECUTABLE,
@@ -142,7 +148,19 @@ def launch_node(context, *args, **kwargs):
         arguments=["--ros-args", "--log-level", arg["log_level"]],
         output="screen",
         emulate_tty=True,
-    )]
+    )] + consoles
+
+
+def console_node(arg):
+    """The web console beside the node: a ROS client of it, showing the same camera topics."""
+    namespace = arg["namespace"].strip("/")
+    node_path = f"/{namespace}/{NODE_NAME}" if namespace else f"/{NODE_NAME}"
+    shown = ["--cameras", arg["cameras"].replace(" ", "")] if arg["cameras"].strip() \
+        else ["--image-topic", arg["image_topic"]]
+    # No name or namespace of its own: launch_ros would pass them as --ros-args remaps, which
+    # rename every node the process creates (its goal client's too).
+    return Node(package=PACKAGE, executable=CONSOLE_EXECUTABLE,
+                arguments=["--node", node_path, *shown], output="screen")
 
 
 def generate_launch_description():

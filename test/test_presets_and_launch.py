@@ -40,7 +40,7 @@ EXPECTED_PRESETS = {"cpu_demo", "x86_gpu", "jetson_orin_nano", "jetson_orin_nx",
                     "jetson_agx_orin", "jetson_thor", "remote_server"}
 LAUNCH_ARGUMENTS = {"config", "model", "engine", "endpoint", "image_topic", "compressed_topic",
                     "depth", "depth_topic", "camera_info_topic", "cameras", "namespace",
-                    "use_sim_time", "log_level", "lifecycle"}
+                    "use_sim_time", "log_level", "lifecycle", "console"}
 # Chat template, system prompt, reasoning instruction and a short question, in tokens: what a
 # single-image goal needs besides the image and the answer (measured ~60-120 for Reason2).
 TEXT_MARGIN_TOKENS = 150
@@ -351,6 +351,22 @@ def test_launch_cameras_name_the_cameras_and_remap_each(launch_module: types.Mod
     assert validate(values).cameras.names == ("front", "wrist")
     with pytest.raises(RuntimeError, match=r"entry 'wrist' is not NAME=TOPIC"):
         launch_module.launch_node(_context(launch_module, cameras="front=/f/image,wrist"))
+
+
+def test_launch_console_starts_the_web_console_beside_the_node(
+        launch_module: types.ModuleType) -> None:
+    node, console = launch_module.launch_node(_context(
+        launch_module, console="true", namespace="robot1", image_topic="/front/image_raw"))
+    assert node.kwargs["executable"] == "cosmos_reason_node"
+    kw = console.kwargs
+    assert (kw["package"], kw["executable"]) == ("cosmos_reason_ros", "console")
+    assert "console" in _console_scripts()
+    assert kw["arguments"] == ["--node", "/robot1/cosmos_reason",
+                               "--image-topic", "/front/image_raw"]
+    _, console = launch_module.launch_node(_context(
+        launch_module, console="true", cameras="front=/front/image_raw, wrist=/wrist/image_raw"))
+    assert console.kwargs["arguments"] == [
+        "--node", "/cosmos_reason", "--cameras", "front=/front/image_raw,wrist=/wrist/image_raw"]
 
 
 def test_launch_accepts_a_path_and_names_the_presets_on_a_typo(

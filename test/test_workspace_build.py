@@ -36,5 +36,12 @@ def test_colcon_builds_both_packages_in_a_workspace(tmp_path):
     share = install / "cosmos_reason_ros" / "share" / "cosmos_reason_ros"
     assert (share / "launch" / "cosmos_reason.launch.py").is_file()
     assert (share / "config" / "cpu_demo.yaml").is_file()
-    for script in ("cosmos_reason_node", "query", "demo"):
+    for script in ("cosmos_reason_node", "query", "demo", "console"):
         assert (install / "cosmos_reason_ros" / "lib" / "cosmos_reason_ros" / script).is_file()
+    # The console's page is not Python: it is installed only through setup.py's package_data.
+    static = REPO_ROOT / "cosmos_reason_ros" / "console" / "static"
+    installed = list(install.glob("cosmos_reason_ros/lib/python3*/site-packages/"
+                                  "cosmos_reason_ros/console/static"))
+    assert len(installed) == 1, installed
+    assert sorted(p.name for p in installed[0].iterdir()) == \
+        sorted(p.name for p in static.iterdir() if p.is_file())

@@ -1,0 +1,38 @@
+"""A test browser's side of the console's WebSocket: wait for a message kind or a picture."""
+
+from __future__ import annotations
+
+import json
+import struct
+import time
+from typing import Any
+
+from aiohttp import WSMsgType
+
+WAIT_S = 20.0
+
+
+async def next_json(ws: Any, kind: str, timeout_s: float = WAIT_S) -> dict[str, Any]:
+    """The next text message of type ``kind`` (pictures and other messages skipped)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        remaining = deadline - time.monotonic()
+        assert remaining > 0, f"no {kind!r} message within {timeout_s} s"
+        message = await ws.receive(timeout=remaining)
+        assert message.type in (WSMsgType.TEXT, WSMsgType.BINARY), message
+        if message.type is WSMsgType.TEXT:
+            data = json.loads(message.data)
+            if data["type"] == kind:
+                return data
+
+
+async def next_picture(ws: Any, timeout_s: float = WAIT_S) -> tuple[dict[str, Any], bytes]:
+    """The next picture message: (header, JPEG bytes)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        remaining = deadline - time.monotonic()
+        assert remaining > 0, f"no picture within {timeout_s} s"
+        message = await ws.receive(timeout=remaining)
+        if message.type is WSMsgType.BINARY:
+            (length,) = struct.unpack(">I", message.data[:4])
+            return json.loads(message.data[4:4 + length]), message.data[4 + length:]

@@ -1,0 +1,86 @@
+"""The console with a node of several named cameras: one pane per camera, from its parameters.
+
+Fast tier, like ``test_console_api.py`` (the real node in this process on the scripted
+engine, the real console under aiohttp's test server). What only this proves: the console
+reads the node's ``cameras.names`` through its parameter service and shows one pane per
+camera, fed by that camera's topic, and an answer about two cameras keeps each camera's own
+frame.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+rclpy = pytest.importorskip("rclpy", reason="needs the ROS 2 wheels (make setup)")
+from aiohttp.test_utils import TestClient, TestServer  # noqa: E402
+from console_client import next_json, next_picture  # noqa: E402
+from fake_engine import answers_the_task  # noqa: E402
+from inprocess_node import InProcessNode  # noqa: E402
+
+from cosmos_reason_ros.console import server  # noqa: E402
+from cosmos_reason_ros.console.ros_bridge import ConsoleBridge  # noqa: E402
+
+pytestmark = [pytest.mark.ros]
+
+CAMERAS = ["front", "wrist"]
+
+
+@pytest.fixture(scope="module")
+def node():
+    n = InProcessNode({"cameras.names": CAMERAS, "image.max_age_s": 0.0},
+                      script=answers_the_task)
+    yield n
+    n.close()
+
+
+def test_one_pane_per_named_camera_and_answers_keep_each_frame(node) -> None:
+    stop = threading.Event()
+    stamps: dict[str, list[int]] = {name: [] for name in CAMERAS}
+
+    def publish() -> None:  # both cameras at 20 Hz, each its own size
+        while not stop.is_set():
+            for name, (width, height) in zip(CAMERAS, ((64, 48), (32, 24)), strict=True):
+                stamps[name].append(node.publish(camera=name, width=width, height=height))
+            stop.wait(0.05)
+
+    async def test() -> None:
+        console = server.Console(lambda events: ConsoleBridge("/cosmos_reason", events),
+                                 fps=20.0)
+        client = TestClient(TestServer(server.build_app(console)))
+        await client.start_server()
+        try:
+            ws = await client.ws_connect("/ws")
+            hello = await next_json(ws, "hello")
+            while hello["cameras"] != CAMERAS:  # until the node's parameters are read
+                hello = await next_json(ws, "hello")
+            seen: dict[str, int] = {}
+            while set(seen) != set(CAMERAS):
+                header, _ = await next_picture(ws)
+                seen[header["camera"]] = int(header["stamp"])
+            assert all(seen[name] in stamps[name] for name in CAMERAS)
+            await ws.send_json({"type": "ask", "task": "vqa", "prompt": "Same scene?",
+                                "cameras": CAMERAS})
+            result = (await next_json(ws, "answer"))["result"]
+            assert result["status"] == "succeeded", result["error_message"]
+            frames = {f["camera"]: f for f in result["camera_frames"]}
+            assert list(frames) == CAMERAS
+            assert (frames["wrist"]["image_width"], frames["wrist"]["image_height"]) == (32, 24)
+            assert result["frames"] == {name: {"source": "camera"} for name in CAMERAS}
+            for name in CAMERAS:
+                assert int(frames[name]["stamp"]) in stamps[name]
+                response = await client.get(f"/frame/{result['goal_id']}/{name}")
+                assert response.status == 200
+            await ws.close()
+        finally:
+            await client.close()
+
+    thread = threading.Thread(target=publish, daemon=True)
+    thread.start()
+    try:
+        asyncio.run(test())
+    finally:
+        stop.set()
+        thread.join(5.0)
