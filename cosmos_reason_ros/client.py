@@ -127,9 +127,15 @@ class ReasonResult:
 class GoalHandle:
     """A submitted goal: wait for its result, or cancel it."""
 
-    def __init__(self, future: concurrent.futures.Future[ReasonResult]) -> None:
-        """Wrap the result future (created by ``ReasonClient.submit``)."""
+    def __init__(self, future: concurrent.futures.Future[ReasonResult],
+                 send_cancel: Callable[[Any], None] | None = None) -> None:
+        """Wrap the result future (created by ``ReasonClient.submit``).
+
+        ``send_cancel(ros_handle)`` sends the cancel request (the client's spin thread does);
+        without it, the caller's thread does.
+        """
         self.future = future
+        self._send_cancel = send_cancel or (lambda ros_handle: ros_handle.cancel_goal_async())
         self._ros_handle: Any = None
         self._cancel_requested = False
         self._sent = False
@@ -165,7 +171,7 @@ class GoalHandle:
             self._ros_handle = ros_handle
             cancel = self._cancel_requested
         if cancel:
-            ros_handle.cancel_goal_async()
+            self._send_cancel(ros_handle)
 
     def cancel(self) -> None:
         """Ask the node to cancel (the result then has status 'canceled')."""
@@ -179,7 +185,7 @@ class GoalHandle:
                                       "available; the goal was never sent")
                 self.future.set_result(ReasonResult.from_message("canceled", msg))
         if handle is not None:
-            handle.cancel_goal_async()
+            self._send_cancel(handle)
 
     def result(self, timeout_s: float | None = None) -> ReasonResult:
         """Block until the goal ends; ``TimeoutError`` after ``timeout_s`` (goal continues)."""
@@ -230,6 +236,8 @@ class ReasonClient:
         self._waiting: list[_WaitingGoal] = []
         self._waiting_lock = threading.Lock()
         self._warned_waiting = False
+        # Goals to cancel, sent by the spin thread in one go (also under _waiting_lock).
+        self._cancels: list[Any] = []
         self._running = True
         self._thread = threading.Thread(target=self._spin, daemon=True)
         self._thread.start()
@@ -275,11 +283,29 @@ class ReasonClient:
         with self._waiting_lock:
             self._waiting = keep + self._waiting
 
+    def _queue_cancel(self, ros_handle: Any) -> None:
+        """Have the spin thread send a cancel request for ``ros_handle``.
+
+        Sent from the caller's thread, each request waited for the GIL against the spin
+        thread decoding feedback and status: 50 cancels in a loop took up to 2 s under CPU
+        load (docs/RELIABILITY.md, "Mass cancel"). Queued, a burst goes out in one wake-up.
+        """
+        with self._waiting_lock:
+            self._cancels.append(ros_handle)
+        self._executor.create_task(self._send_cancels)
+
+    def _send_cancels(self) -> None:
+        with self._waiting_lock:
+            cancels, self._cancels = self._cancels, []
+        for ros_handle in cancels:
+            ros_handle.cancel_goal_async()
+
     def close(self) -> None:
         """Stop the spin thread and destroy the private node (waiting goals fail)."""
         self._running = False
         self._executor.create_task(lambda: None)  # wake spin_once now, not after its 0.1 s
         self._thread.join(timeout=2.0)
+        self._send_cancels()  # cancels asked for just before closing still go out
         with self._waiting_lock:
             waiting, self._waiting = self._waiting, []
         for entry in waiting:
@@ -330,7 +356,7 @@ class ReasonClient:
         ``ServerUnavailableError``.
         """
         future: concurrent.futures.Future[ReasonResult] = concurrent.futures.Future()
-        handle = GoalHandle(future)
+        handle = GoalHandle(future, self._queue_cancel)
 
         def on_result(ros_future: Any) -> None:
             response = ros_future.result()

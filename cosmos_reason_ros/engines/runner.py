@@ -100,6 +100,7 @@ class RequestHandle:
         self._close_error: CosmosReasonError | None = None  # set when the runner closes
         self._coalesced = 0
         self._last: Chunk = Chunk()
+        self._text_taken = False  # the first text chunk was returned (it times the first token)
 
     # --- producer side (event loop thread) ------------------------------------------------
 
@@ -160,6 +161,13 @@ class RequestHandle:
             while True:
                 if self._buffer:
                     chunk = self._buffer.popleft()
+                    # A consumer that fell behind takes the rest in one step: with 50 streams
+                    # on a starved machine, a wake-up per token kept the goal threads busy
+                    # behind the cancels. The first text stays apart: it times the first token.
+                    if self._text_taken:
+                        while self._buffer:
+                            chunk = _merge(chunk, self._buffer.popleft())
+                    self._text_taken |= bool(chunk.text_delta or chunk.reasoning_delta)
                     if chunk.finish_reason is not None:
                         self._final_taken = True
                     return chunk

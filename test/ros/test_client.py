@@ -29,7 +29,7 @@ import uuid
 import pytest
 
 rclpy = pytest.importorskip("rclpy", reason="needs the ROS 2 wheels (make setup)")
-from fake_engine import answers_the_task  # noqa: E402
+from fake_engine import Script, answers_the_task  # noqa: E402
 from inprocess_node import InProcessNode, ServedNode  # noqa: E402
 from node_process import REPO_ROOT, rgb_image_msg, scene  # noqa: E402
 
@@ -147,6 +147,58 @@ def test_fresh_clients_used_at_once_get_every_goal_answered(served):
         assert result.message.header.frame_id == "goal_cam"
     # Each answer was a goal of its own at the node (before the fix, none arrived at all).
     assert len({result.message.goal_id for _, result in rounds}) == FRESH_CLIENT_ROUNDS
+
+
+BURST = 20
+
+
+@pytest.fixture
+def endless():
+    """The node in this process, generating until cancelled (10 tokens a second a goal)."""
+    n = InProcessNode({"limits.max_concurrent_goals": BURST, "limits.max_queued_goals": 0},
+                      script=lambda r: Script(deltas=["x"], delay_s=0.1, endless=True))
+    n.publish()
+    n.wait_frames(1)
+    yield n
+    n.close()
+
+
+def generating_burst(client: ReasonClient) -> list:
+    started = [threading.Event() for _ in range(BURST)]
+    handles = [client.submit(client.goal("Write.", max_tokens=4000),
+                             lambda fb, e=e: fb.text_delta and e.set()) for e in started]
+    assert all(e.wait(60) for e in started), "not every goal started generating"
+    return handles
+
+
+def test_a_burst_of_cancels_goes_out_from_the_spin_thread(endless, monkeypatch):
+    # From the caller's thread each cancel request waited for the GIL against the spin thread
+    # decoding feedback: 50 took up to 2 s under load (docs/RELIABILITY.md, "Mass cancel").
+    from rclpy.action.client import ClientGoalHandle
+
+    sent_from: list[threading.Thread] = []
+    send = ClientGoalHandle.cancel_goal_async
+    monkeypatch.setattr(ClientGoalHandle, "cancel_goal_async", lambda self: (
+        sent_from.append(threading.current_thread()), send(self))[1])
+    with ReasonClient() as client:
+        handles = generating_burst(client)
+        for h in handles:
+            h.cancel()
+        results = [h.result(30) for h in handles]
+        assert [(r.status, r.error_code) for r in results] == \
+            [("canceled", ErrorCode.CANCELLED)] * BURST
+        assert sent_from == [client._thread] * BURST
+
+
+def test_cancels_asked_for_right_before_close_still_reach_the_node(endless):
+    client = ReasonClient()
+    handles = generating_burst(client)
+    for h in handles:
+        h.cancel()
+    client.close()
+    ended = endless.wait_result(lambda m: sum(r.error_code == ErrorCode.CANCELLED
+                                              for r in endless.results) >= BURST, 30.0)
+    assert ended is not None
 
 
 def readme_python_example() -> str:
