@@ -63,7 +63,7 @@ import signal
 import sys
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -93,7 +93,6 @@ from cosmos_reason_ros.bench.workload import (
     REPO_ROOT,
     SERVED_NAME,
     WRIST_TOPIC,
-    about_earlier_frame,
     engine_settings,
     parse_engine_args,
     parse_size,
@@ -122,7 +121,7 @@ class Bench:
         self.prefill_param = False
         self.seed = 1
         # The node's latest pictures (stamp, front, wrist) and, per stamp, the stamp they
-        # were published again under (republish_node_frame).
+        # were published again under (ask_node).
         self._node_frame: tuple[int, np.ndarray, np.ndarray | None] | None = None
         self._republished: dict[int, int] = {}
         self.gc_pauses = GcPauses().install()
@@ -275,11 +274,8 @@ class Bench:
             elif mode == "node":
                 assert self.ros is not None
                 names = [n for n, _ in cameras]
-                stamp_ns = self._republished.get(stamp_ns, stamp_ns)
-                out = self.ros.node_submit(prompt, max_tokens, names)()
-                if about_earlier_frame(out, stamp_ns):
-                    stamp_ns = self.republish_node_frame(stamp_ns)
-                    out = self.ros.node_submit(prompt, max_tokens, names)()
+                stamp_ns, (out,) = self.ask_node(
+                    stamp_ns, lambda: [self.ros.node_submit(prompt, max_tokens, names)()])
             else:
                 assert self.ros is not None
                 out = self.ros.baseline_request(prompt, max_tokens, seed)
@@ -290,19 +286,25 @@ class Bench:
             out["error"] = f"answered about frame {out.get('stamp_ns')} instead of {stamp_ns}"
         return out
 
-    def republish_node_frame(self, stamp_ns: int) -> int:
-        """Publish the node's pictures of ``stamp_ns`` again, under a new stamp; return it.
+    def ask_node(self, stamp_ns: int, ask: Callable[[], list[dict[str, Any]]]
+                 ) -> tuple[int, list[dict[str, Any]]]:
+        """Ask the node about the frame of ``stamp_ns`` with ``ask``; return (stamp, answers).
 
         Acknowledged by DDS is not yet stored by the node: under load a goal sent right after
         the publish rightly gets the newest frame (or camera set) the node had stored, the
-        previous one. The same pictures under a new stamp, asked again, measure the same work;
-        later questions about ``stamp_ns`` (run_one) expect the new stamp.
+        previous one. Then the same pictures go out again under a new stamp and ``ask`` runs
+        once more (it measures the same work); later questions about ``stamp_ns`` expect the
+        new stamp, which is returned.
         """
-        assert self._node_frame is not None and self._node_frame[0] == stamp_ns
-        _, rgb, wrist = self._node_frame
-        new = self.publish_frame(["node"], rgb, wrist=wrist)
-        self._republished = {stamp_ns: new}
-        return new
+        stamp_ns = self._republished.get(stamp_ns, stamp_ns)
+        outs = ask()
+        if any(0 < (o.get("stamp_ns") or 0) < stamp_ns for o in outs):
+            assert self._node_frame is not None and self._node_frame[0] == stamp_ns
+            _, rgb, wrist = self._node_frame
+            new = self.publish_frame(["node"], rgb, wrist=wrist)
+            self._republished = {stamp_ns: new}
+            stamp_ns, outs = new, ask()
+        return stamp_ns, outs
 
     def publish_frame(self, modes: Sequence[str], rgb: np.ndarray,
                       wrist: np.ndarray | None = None) -> int:

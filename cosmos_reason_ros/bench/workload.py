@@ -160,8 +160,3 @@ def engine_settings(device: str, overrides: dict[str, Any]) -> tuple[dict[str, A
     for key, value in overrides.items():
         (settings if key in NODE_ENGINE_KEYS else extras)[key] = value
     return settings, extras
-
-
-def about_earlier_frame(out: dict[str, Any], stamp_ns: int) -> bool:
-    """Whether a node answer was about a frame published before ``stamp_ns``."""
-    return 0 < (out.get("stamp_ns") or 0) < stamp_ns

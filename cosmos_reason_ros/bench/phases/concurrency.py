@@ -4,18 +4,10 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from cosmos_reason_ros.bench.results import Results, record_batch
-from cosmos_reason_ros.bench.workload import (
-    LENGTHS,
-    PROMPT,
-    about_earlier_frame,
-    picture,
-    rotated,
-    size_name,
-)
+from cosmos_reason_ros.bench.workload import LENGTHS, PROMPT, picture, rotated, size_name
 
 if TYPE_CHECKING:
     from cosmos_reason_ros.bench.runner import Bench
@@ -48,25 +40,24 @@ def run(bench: Bench, results: Results) -> None:
 def _batch(bench: Bench, results: Results, mode: str, n: int, size: tuple[int, int],
            max_tokens: int, r: int) -> None:
     seeds = [bench.next_seed() for _ in range(n)]
-    waits: list[Callable[[], dict[str, Any]]] = []
     try:
         if mode == "node":
             assert bench.ros is not None
-            rgb = picture(size[0], size[1], seeds[0])
-            stamp = bench.publish_frame(["node"], rgb)
-            t0 = time.monotonic()
-            outs = [w() for w in [bench.ros.node_submit(PROMPT, max_tokens) for _ in range(n)]]
-            if any(about_earlier_frame(o, stamp) for o in outs):
-                stamp = bench.republish_node_frame(stamp)
+            ros = bench.ros
+            t0 = 0.0
+
+            def ask() -> list[dict[str, Any]]:
+                nonlocal t0
                 t0 = time.monotonic()
-                outs = [w() for w in [bench.ros.node_submit(PROMPT, max_tokens)
-                                      for _ in range(n)]]
+                return [w() for w in [ros.node_submit(PROMPT, max_tokens) for _ in range(n)]]
+
+            rgb = picture(size[0], size[1], seeds[0])
+            stamp, outs = bench.ask_node(bench.publish_frame(["node"], rgb), ask)
         else:
             assert bench.engine is not None
             rgbs = [picture(size[0], size[1], s) for s in seeds]
             t0 = time.monotonic()
-            waits = [bench.engine.submit(rgb, PROMPT, max_tokens) for rgb in rgbs]
-            outs = [w() for w in waits]
+            outs = [w() for w in [bench.engine.submit(rgb, PROMPT, max_tokens) for rgb in rgbs]]
             stamp = None
         wall = time.monotonic() - t0
     except Exception as e:  # noqa: BLE001
