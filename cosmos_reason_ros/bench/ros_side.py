@@ -213,24 +213,14 @@ class RosSide:
 
     def get_param(self, name: str, timeout_s: float = 5.0) -> Any:
         """Return the node's parameter value, or None when it is not declared."""
-        from rcl_interfaces.msg import ParameterType
         from rcl_interfaces.srv import GetParameters
+        from rclpy.parameter import parameter_value_to_python
 
         if not self.get_params.wait_for_service(timeout_sec=timeout_s):
             raise RuntimeError("the node's get_parameters service is not available")
         future = self.get_params.call_async(GetParameters.Request(names=[name]))
         response = _wait_future(future, timeout_s)
-        if not response.values or response.values[0].type == ParameterType.PARAMETER_NOT_SET:
-            return None
-        value = response.values[0]
-        for attr in ("bool_value", "double_value", "integer_value", "string_value"):
-            type_id = {"bool_value": ParameterType.PARAMETER_BOOL,
-                       "double_value": ParameterType.PARAMETER_DOUBLE,
-                       "integer_value": ParameterType.PARAMETER_INTEGER,
-                       "string_value": ParameterType.PARAMETER_STRING}[attr]
-            if value.type == type_id:
-                return getattr(value, attr)
-        return value
+        return parameter_value_to_python(response.values[0]) if response.values else None
 
     def set_param(self, name: str, value: Any, timeout_s: float = 5.0) -> None:
         """Set a node parameter through its standard service; raise if refused."""

@@ -30,10 +30,10 @@ from typing import Any, Protocol
 
 import rclpy
 from diagnostic_msgs.msg import DiagnosticArray
-from rcl_interfaces.msg import ParameterType
 from rcl_interfaces.srv import GetParameters
 from rclpy.context import Context
 from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
+from rclpy.parameter import parameter_value_to_python
 from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
 from rclpy.signals import SignalHandlerOptions
 from sensor_msgs.msg import CompressedImage, Image
@@ -213,16 +213,16 @@ class ConsoleBridge:
         if response is None or len(response.values) != len(NODE_PARAMETERS):
             return  # asked again at the next poll
         self._parameters_timer.cancel()
-        names_value, prompt_value, reliability_value = response.values
-        names = list(names_value.string_array_value) \
-            if names_value.type == ParameterType.PARAMETER_STRING_ARRAY else []
-        max_prompt_chars = prompt_value.integer_value \
-            if prompt_value.type == ParameterType.PARAMETER_INTEGER else None
+        names, max_prompt_chars, reliability = (parameter_value_to_python(v)
+                                                for v in response.values)
+        names = names if isinstance(names, list) else []
+        if not isinstance(max_prompt_chars, int) or isinstance(max_prompt_chars, bool):
+            max_prompt_chars = None
         topics = self.topics
         if not self._cameras_fixed and names:
             topics = camera_topics(self.node_path, [(n, "") for n in names])
-        reliability = reliability_value.string_value
-        if self._follow_node_reliability and reliability in RELIABILITY:
+        if self._follow_node_reliability and isinstance(reliability, str) \
+                and reliability in RELIABILITY:
             self._reliability = reliability
         if topics != self.topics or self._reliability != self._reliability_subscribed:
             self._subscribe_cameras(topics)
