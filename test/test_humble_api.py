@@ -50,6 +50,7 @@ Kilted and Jazzy.
 from __future__ import annotations
 
 import ast
+import inspect
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
@@ -201,7 +202,8 @@ CLASSES: dict[str, _KW] = {
             result_timeout);
         destroy(); register_handle_accepted_callback(handle_accepted_callback);
         register_goal_callback(goal_callback); register_cancel_callback(cancel_callback);
-        register_execute_callback(execute_callback); action_type"""),
+        register_execute_callback(execute_callback); action_type;
+        _execute_get_result_request(request_header_and_message)"""),
     "rclpy.action.server.ServerGoalHandle": _members("""request; goal_id; is_active;
         is_cancel_requested; status; execute(execute_callback); publish_feedback(feedback);
         succeed(); abort(); canceled(); destroy()"""),
@@ -355,6 +357,32 @@ def _package_classes(root: Path = PACKAGE) -> dict[str, set[str]]:
     return classes
 
 
+def _package_rclpy_subclasses(root: Path = PACKAGE) -> dict[str, str]:
+    """Package class name -> its rclpy base, for classes built with the base's own arguments.
+
+    A class without an ``__init__`` of its own, or with ``__init__(self, *args, **kwargs)``
+    (``ResultRequestsActionServer``): a call to it anywhere in the package is checked as a
+    call to the rclpy class (its keywords, the goal handles of its execute callback).
+    """
+    found: dict[str, str] = {}
+    for path in sorted(root.rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        rclpy_names = {a.asname or a.name: f"{n.module}.{a.name}" for n in ast.walk(tree)
+                       if isinstance(n, ast.ImportFrom) and n.module
+                       and n.module.split(".")[0] == "rclpy" for a in n.names}
+        for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
+            bases = [rclpy_names[b.id] for b in cls.bases
+                     if isinstance(b, ast.Name) and b.id in rclpy_names]
+            init = next((f for f in cls.body if isinstance(f, ast.FunctionDef)
+                         and f.name == "__init__"), None)
+            passes_through = init is None or (
+                [a.arg for a in init.args.args] == ["self"] and init.args.vararg is not None
+                and init.args.kwarg is not None)
+            if len(bases) == 1 and len(cls.bases) == 1 and passes_through:
+                found[cls.name] = bases[0]
+    return found
+
+
 @dataclass
 class _ClassContext:
     """What ``self`` is inside a class body: its rclpy base, own names, typed attributes."""
@@ -379,6 +407,7 @@ class _Scan:
         self.imports: dict[str, str] = {}  # local name -> "rclpy.x" or "rclpy.x.Name"
         self.cls: _ClassContext | None = None
         self.package_classes: dict[str, set[str]] = {}
+        self.package_subclasses: dict[str, str] = {}
 
     def _bad(self, line: int, what: str) -> None:
         v = Violation(self.where, line, f"{what} is not in Humble's rclpy")
@@ -436,6 +465,9 @@ class _Scan:
 
     def _member(self, cls: str, attr: str, line: int) -> str | None:
         members = CLASSES[cls]
+        if any(base == cls and attr in self.package_classes[sub]
+               for sub, base in self.package_subclasses.items()):
+            return None  # the package subclass's own (an object typed as its rclpy base)
         if attr not in members:
             self._bad(line, f"{cls}.{attr}")
             return None
@@ -447,7 +479,7 @@ class _Scan:
         if isinstance(expr, ast.Name):
             if expr.id in env:
                 return env[expr.id]
-            qualified = self.imports.get(expr.id)
+            qualified = self.imports.get(expr.id) or self.package_subclasses.get(expr.id)
             return self._kind(qualified) if qualified else None
         if isinstance(expr, ast.Attribute):
             if isinstance(expr.value, ast.Call) and isinstance(expr.value.func, ast.Name) \
@@ -619,13 +651,15 @@ class _Scan:
 def _scan(source: str, where: str) -> _Scan:
     tree = ast.parse(source)
     scan = _Scan(where)
-    scan.package_classes = _PACKAGE_CLASSES if where != "<snippet>" else {}
+    if where != "<snippet>":
+        scan.package_classes, scan.package_subclasses = _PACKAGE_CLASSES, _PACKAGE_SUBCLASSES
     scan.collect_imports(tree)
     scan.block(tree.body, {})
     return scan
 
 
 _PACKAGE_CLASSES = _package_classes()
+_PACKAGE_SUBCLASSES = _package_rclpy_subclasses()
 
 
 def scan_source(source: str, where: str = "<snippet>") -> list[Violation]:
@@ -651,6 +685,17 @@ def test_package_uses_only_humble_rclpy_api() -> None:
     violations, checked = scan_package()
     assert not violations, "rclpy API missing from Humble:\n" + "\n".join(map(str, violations))
     print(f"\n{len(checked)} distinct rclpy uses checked against Humble's API")
+
+
+def test_the_result_request_hook_is_rclpys_coroutine() -> None:
+    # ros/action_results.py overrides a private coroutine (rclpy has no public hook for a
+    # result request): it must be in the installed rclpy with the same one argument, as it has
+    # been since Humble.
+    from rclpy.action.server import ActionServer
+
+    method = ActionServer._execute_get_result_request
+    assert inspect.iscoroutinefunction(method)
+    assert list(inspect.signature(method).parameters) == ["self", "request_header_and_message"]
 
 
 def test_the_scan_reaches_the_node_client_and_process_loop() -> None:

@@ -250,7 +250,7 @@ class ManagedReasonNode(ReasonNode, LifecycleNode):
         self._stopping.set()
         self.prefill_worker.stop()
         self.cameras.close()
-        self.wait_goals(SHUTDOWN_GOALS_S)
+        self.wait_goals(SHUTDOWN_GOALS_S, linger=bool(self.slots.running + self.slots.queued))
         self.runner.close(timeout_s=self.params.engine.shutdown_timeout_s + 10.0)
         # What the engine's shutdown left (vLLM may kill its core before it unlinks its
         # segments): as at process exit (ros/serve.py).

@@ -17,7 +17,7 @@ from typing import Any, NoReturn
 import rclpy
 from diagnostic_msgs.msg import DiagnosticArray
 from rcl_interfaces.msg import SetParametersResult
-from rclpy.action import ActionServer, CancelResponse, GoalResponse
+from rclpy.action import CancelResponse, GoalResponse
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallbackGroup
 from rclpy.executors import SingleThreadedExecutor
 from rclpy.node import Node
@@ -44,6 +44,7 @@ from cosmos_reason_ros.engines.base import Engine
 from cosmos_reason_ros.engines.factory import create_engine
 from cosmos_reason_ros.engines.runner import EngineRunner
 from cosmos_reason_ros.ros import cdr, diagnostics, messages, process_life
+from cosmos_reason_ros.ros.action_results import ResultRequestsActionServer
 from cosmos_reason_ros.ros.camera import CameraSet
 from cosmos_reason_ros.ros.config import ConfigError, declare_and_load, engine_options, validate
 from cosmos_reason_ros.ros.gcwatch import GcPauses, freeze_heap
@@ -71,7 +72,8 @@ class ReasonNode(Node):
         self._stopping = threading.Event()
         self._counters_lock = threading.Lock()
         self.counters = {"succeeded": 0, "aborted": 0, "canceled": 0, "rejected": 0}
-        self._action_server: ActionServer | None = None
+        self._action_server: ResultRequestsActionServer | None = None
+        self._ended_by_stop: set[bytes] = set()  # goal ids, for serve_results
         self.serving_timers: list[Any] = []
         self._threads_started = False
         self.refusal: str | None = None  # while set, new goals are refused with this reason
@@ -186,7 +188,8 @@ class ReasonNode(Node):
         # goal's one-off stages (queued, waiting_for_image) under other goals' token feedback.
         requests_qos = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=ACTION_QUEUE_DEPTH,
                                   reliability=ReliabilityPolicy.RELIABLE)
-        self._action_server = ActionServer(
+        self._ended_by_stop.clear()
+        self._action_server = ResultRequestsActionServer(
             self, Reason, "~/reason", execute_callback=self._execute,
             goal_callback=self._on_goal, cancel_callback=lambda _: CancelResponse.ACCEPT,
             callback_group=ReentrantCallbackGroup(), goal_service_qos_profile=requests_qos,
@@ -273,7 +276,8 @@ class ReasonNode(Node):
                    linger: bool = False) -> bool:
         """Wait until no accepted goal runs or waits (False after ``limit_s``).
 
-        Then, with ``linger`` or ``spin``, serve result requests and ~/results a moment longer.
+        Then, with ``linger`` or ``spin``, serve result requests and ~/results a while longer
+        (``serve_results``).
         """
         wait = spin if spin is not None else time.sleep
         deadline = time.monotonic() + limit_s
@@ -282,10 +286,26 @@ class ReasonNode(Node):
                 return False
             wait(0.05)
         if linger or spin is not None:
-            end = time.monotonic() + SHUTDOWN_RESULTS_LINGER_S
-            while time.monotonic() < end:
-                wait(0.05)
+            self.serve_results(wait)
         return True
+
+    def serve_results(self, wait: Callable[[float], object]) -> None:
+        """Serve result requests before the action server goes.
+
+        Until the result of every goal the stop ended has been asked for, and
+        ``SHUTDOWN_RESULTS_LINGER_S`` after the last such request (so its answer and the
+        ~/results messages leave); at most ``SHUTDOWN_RESULTS_WAIT_S`` (a client that never
+        asks, or went away).
+        """
+        t0 = time.monotonic()
+        while (now := time.monotonic()) < t0 + SHUTDOWN_RESULTS_WAIT_S:
+            ended = set(self._ended_by_stop)
+            asked = {} if self._action_server is None \
+                else self._action_server.result_requests(ended)
+            if len(asked) == len(ended) and \
+                    now >= max([t0, *asked.values()]) + SHUTDOWN_RESULTS_LINGER_S:
+                return
+            wait(0.05)
 
     def destroy_node(self) -> None:
         """Destroy the camera ingest node too (absent when a bad parameter stopped __init__).
@@ -409,6 +429,8 @@ class ReasonNode(Node):
             if holding_slot:
                 self.slots.release()
             self.slots.leave()
+            if self.stopping:
+                self._ended_by_stop.add(bytes(goal_handle.goal_id.uuid))
             self.prefill_worker.wake.set()  # a frame skipped while busy can be prefilled now
         msg.total_s = time.monotonic() - t_accept
         self.outputs.publish_result(msg)
@@ -439,7 +461,8 @@ def threads_for_goals(max_running: int, max_queued: int, spare: int = 4) -> int:
 # within milliseconds while the engine runs; these bound a stuck one.
 SHUTDOWN_GOALS_S = 3.0  # accepted goals end (with their results) before the engine closes
 SHUTDOWN_GOALS_AFTER_ENGINE_S = 1.0  # goals ended by closing the engine under them
-SHUTDOWN_RESULTS_LINGER_S = 0.5  # result requests still in flight are served this long
+SHUTDOWN_RESULTS_LINGER_S = 0.5  # after the last result request: its answer and ~/results leave
+SHUTDOWN_RESULTS_WAIT_S = 3.0  # for the result requests of the goals the stop ended
 
 # vLLM starts its engine processes with 'spawn': they import this module as __mp_main__, and
 # there this makes them die with the node, even a SIGKILLed one (process_life.py).

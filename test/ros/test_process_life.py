@@ -46,6 +46,7 @@ from cosmos_reason_ros.client import ReasonClient  # noqa: E402
 from cosmos_reason_ros.core.types import ErrorCode  # noqa: E402
 from cosmos_reason_ros.engines.runner import EngineRunner  # noqa: E402
 from cosmos_reason_ros.ros import process_life  # noqa: E402
+from cosmos_reason_ros.ros.node import SHUTDOWN_RESULTS_LINGER_S  # noqa: E402
 
 pytestmark = [pytest.mark.ros]
 
@@ -177,7 +178,8 @@ def test_a_signal_on_another_thread_interrupts_an_engine_start_at_once():
 def test_close_delivers_the_aborted_result_of_every_accepted_goal():
     """A goal waiting for an image, a generating one and a queued one, then ``close()``.
 
-    The results are asked for only after close has begun: they must still be answered.
+    The results are asked for only after close has begun, one by one and the last one well
+    after its goal ended (as on a loaded machine): they must still be answered.
     """
     n = InProcessNode({"limits.max_concurrent_goals": 2, "limits.max_queued_goals": 2},
                       script=lambda _r: Script(deltas=["x"], delay_s=0.01, endless=True))
@@ -202,6 +204,8 @@ def test_close_delivers_the_aborted_result_of_every_accepted_goal():
         assert all(h.accepted for h in handles.values())
         closer.start()
         for name, handle in handles.items():
+            if name == "queued":
+                time.sleep(3 * SHUTDOWN_RESULTS_LINGER_S)
             status, msg = n.result(handle, 10.0)
             assert status == GoalStatus.STATUS_ABORTED, name
             assert msg.error_code == ErrorCode.ENGINE_UNAVAILABLE, (name, msg.error_message)
