@@ -25,6 +25,7 @@ the call's timeout) for the server; if it is not found in time the call fails wi
 from __future__ import annotations
 
 import concurrent.futures
+import copy
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -353,8 +354,13 @@ class ReasonClient:
 
         The goal goes out once the action server is discovered; if it is not within
         ``server_timeout_s`` (None: no limit), the handle's future fails with
-        ``ServerUnavailableError``.
+        ``ServerUnavailableError``. Without ``on_feedback`` the goal asks the node for no
+        feedback (``FEEDBACK_NONE``, unless ``goal.feedback`` asks for some).
         """
+        if on_feedback is None and goal.feedback == Reason.Goal.FEEDBACK_ALL:
+            # Nobody reads it: the result alone (every client decodes every goal's feedback).
+            goal = copy.copy(goal)
+            goal.feedback = Reason.Goal.FEEDBACK_NONE
         future: concurrent.futures.Future[ReasonResult] = concurrent.futures.Future()
         handle = GoalHandle(future, self._queue_cancel)
 

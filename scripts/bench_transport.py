@@ -18,6 +18,7 @@ garbage-collector pauses of the node (from /diagnostics) and of this process.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import signal
@@ -39,6 +40,7 @@ sys.path.insert(0, str(REPO / "test"))
 
 from node_process import NodeProcess, rgb_image_msg, scene  # noqa: E402
 
+from cosmos_reason_interfaces.action import Reason  # noqa: E402
 from cosmos_reason_ros.client import ReasonClient  # noqa: E402
 from cosmos_reason_ros.core.stats import median, percentile  # noqa: E402
 from cosmos_reason_ros.ros.gcwatch import GcPauses  # noqa: E402
@@ -69,6 +71,8 @@ def main() -> int:
     p.add_argument("--hz", type=float, default=30.0, help="stream rate")
     p.add_argument("--clients", default="shared,own")
     p.add_argument("--camera-states", default="on,off")
+    p.add_argument("--feedback", default="all",
+                   help="goal feedback levels to interleave: all,stages,none (Reason.Goal)")
     p.add_argument("--json", default="", help="append one JSON line of results here")
     args = p.parse_args()
     width, height = (int(v) for v in args.size.split("x"))
@@ -111,7 +115,9 @@ def main() -> int:
                                                   node_name="transport_shared"),
                    "own": lambda: ReasonClient(node_name="transport_own")}
     clients = {name: all_clients[name]() for name in args.clients.split(",")}
-    delays: dict[tuple[str, str], list[float]] = {}
+    levels = {"all": Reason.Goal.FEEDBACK_ALL, "stages": Reason.Goal.FEEDBACK_STAGES,
+              "none": Reason.Goal.FEEDBACK_NONE}
+    delays: dict[tuple[str, str, str], list[float]] = {}
     failed = 0
     try:
         assert all(c.wait_for_server(30) for c in clients.values())
@@ -121,20 +127,23 @@ def main() -> int:
         for _ in range(args.rounds):
             for cam in args.camera_states.split(","):
                 (camera_on.set if cam == "on" else camera_on.clear)()
-                for name, client in clients.items():
+                for (name, client), level in itertools.product(
+                        clients.items(), args.feedback.split(",")):
+                    goal = ReasonClient.goal("q", max_tokens=2, max_image_age_s=30.0,
+                                             feedback=levels[level])
                     end = time.monotonic() + args.seconds
                     while time.monotonic() < end:
                         if cam == "on" and args.camera == "per-goal":
                             publish()
                             publisher.wait_for_all_acked(Duration(seconds=10))
                         t0 = time.monotonic()
-                        r = client.run(ReasonClient.goal("q", max_tokens=2,
-                                                         max_image_age_s=30.0), 60)
+                        r = client.run(goal, 60, on_feedback=None if level == "none"
+                                       else lambda _fb: None)
                         if r.status == "rejected":
                             continue
                         if not r.ok:  # still timed: a dead engine's fast failures count too
                             failed += 1
-                        delays.setdefault((cam, name), []).append(
+                        delays.setdefault((cam, name, level), []).append(
                             time.monotonic() - t0 - r.message.total_s)
         time.sleep(1.5)  # one more diagnostics message
     finally:
@@ -145,17 +154,17 @@ def main() -> int:
         camera_node.destroy_node()
         rclpy.try_shutdown(context=camera_context)
         node.stop()
-    print(f"{'camera':7}{'client':8}{'goals':>7}{'p50 ms':>9}{'p95 ms':>9}{'max ms':>9}"
-          f"{'> 0.3 s':>9}")
+    print(f"{'camera':7}{'client':8}{'feedback':9}{'goals':>7}{'p50 ms':>9}{'p95 ms':>9}"
+          f"{'max ms':>9}{'> 0.3 s':>9}")
     rows = []
-    for (cam, name), values in sorted(delays.items()):
-        row = {"camera": cam, "client": name, "goals": len(values),
+    for (cam, name, level), values in sorted(delays.items()):
+        row = {"camera": cam, "client": name, "feedback": level, "goals": len(values),
                "p50_ms": median(values) * 1e3, "p95_ms": percentile(values, 95) * 1e3,
                "max_ms": max(values, default=math.nan) * 1e3,
                "over_0_3_s": sum(v > SLOW_S for v in values),
                "over_0_1_s": sum(v > 0.1 for v in values)}
         rows.append(row)
-        print(f"{cam:7}{name:8}{row['goals']:7d}{row['p50_ms']:9.1f}{row['p95_ms']:9.1f}"
+        print(f"{cam:7}{name:8}{level:9}{row['goals']:7d}{row['p50_ms']:9.1f}{row['p95_ms']:9.1f}"
               f"{row['max_ms']:9.1f}{row['over_0_3_s']:9d}")
     print(f"failed goals (timed as well): {failed}")
     print(f"node gc before: {gc_before}\nnode gc after:  {node_gc}\nclient gc: {client_gc.stats()}")

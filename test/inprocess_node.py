@@ -176,12 +176,12 @@ class InProcessNode:
             assert time.monotonic() < deadline, "frames did not arrive"
             time.sleep(0.01)
 
-    def send(self, feedback: list[Any] | None = None, **fields: Any) -> Any:
-        """Send a goal; return its goal handle (accepted or not)."""
+    def send(self, received: list[Any] | None = None, **fields: Any) -> Any:
+        """Send a goal; return its goal handle (accepted or not); feedback into ``received``."""
         goal = Reason.Goal(**fields)
         future = self.client.send_goal_async(
-            goal, feedback_callback=(lambda fb: feedback.append(fb.feedback))
-            if feedback is not None else None)
+            goal, feedback_callback=(lambda fb: received.append(fb.feedback))
+            if received is not None else None)
         return _wait_future(future, 30.0)
 
     def result(self, handle: Any, timeout_s: float = 30.0) -> tuple[int, ReasoningResult]:

@@ -96,6 +96,24 @@ class Stage(str, enum.Enum):
     GENERATING = "generating"
 
 
+class FeedbackLevel(enum.IntEnum):
+    """Which feedback a goal publishes (the values of ``Reason.Goal.FEEDBACK_*``)."""
+
+    ALL = 0  # every stage and the streamed text
+    STAGES = 1  # stage changes only
+    NONE = 2  # the result alone
+
+    @property
+    def stages(self) -> bool:
+        """Whether stage changes go out."""
+        return self is not FeedbackLevel.NONE
+
+    @property
+    def text(self) -> bool:
+        """Whether the streamed text goes out."""
+        return self is FeedbackLevel.ALL
+
+
 class Stop(str, enum.Enum):
     """Why a caller wants a goal to stop early."""
 
@@ -125,6 +143,7 @@ class GoalFields:
     image: ImageMessage | None = None  # the image carried by a SOURCE_GOAL_IMAGE goal
     images_in_goal: int = 0  # how many of image / compressed_image the goal filled
     cameras: tuple[str, ...] = ()  # camera names, in prompt order; empty = the default camera
+    feedback: int = FeedbackLevel.ALL
 
 
 @dataclass(frozen=True)
@@ -205,6 +224,7 @@ class ValidGoal:
     # The cameras the goal is about, in prompt order (the default camera when it named
     # none); empty for SOURCE_GOAL_IMAGE.
     cameras: tuple[str, ...] = ()
+    feedback: FeedbackLevel = FeedbackLevel.ALL
 
 
 @dataclass(frozen=True)
@@ -366,7 +386,8 @@ class GoalPipeline(Generic[P]):
                 raise EngineUnavailableError(f"engine {health.state.value}: {health.detail}")
         return ValidGoal(goal, spec, source, timeout or s.goal_timeout_s,
                          float(goal.max_image_age_s) or s.max_age_s,
-                         float(goal.wait_for_image_s) or s.wait_s, duration, fps, cameras)
+                         float(goal.wait_for_image_s) or s.wait_s, duration, fps, cameras,
+                         _check_feedback(goal))
 
     def _check_cameras(self, goal: GoalFields, source: Source) -> tuple[str, ...]:
         """Resolve the goal's camera names (BAD_REQUEST naming the problem)."""
@@ -641,6 +662,8 @@ class GoalPipeline(Generic[P]):
         """
         run = GoalRun()
         deadline = t_start + goal.timeout_s
+        if not goal.feedback.stages:
+            on_stage = _no_stage
         t_media = time.monotonic()
         try:
             run.media = self.media_for(goal, accepted_ns, deadline, should_stop, on_stage)
@@ -711,13 +734,14 @@ class GoalPipeline(Generic[P]):
         output = query.OutputAccumulator()
         pending: list[str] = []
         last_progress = 0.0
+        streams = goal.feedback.text  # counted in the feedback shares only if it streams
         t_submit = time.monotonic()
         handle = self.runner.submit(run.request)
         on_stage(Stage.GENERATING)
         stopped: CosmosReasonError | None = None
         stop_at = 0.0
         with self._generating_lock:
-            self._generating += 1
+            self._generating += streams
         try:
             while True:
                 if stopped is None:
@@ -735,19 +759,21 @@ class GoalPipeline(Generic[P]):
                 if chunk is None:
                     continue
                 output.add(chunk)
-                pending.append(chunk.reasoning_delta + chunk.text_delta)
-                now = time.monotonic()
-                if chunk.finish_reason is None and now - last_progress >= self._feedback_interval():
-                    on_progress("".join(pending), output.output_tokens)
-                    pending.clear()
-                    last_progress = now
+                if streams:
+                    pending.append(chunk.reasoning_delta + chunk.text_delta)
+                    now = time.monotonic()
+                    if chunk.finish_reason is None and \
+                            now - last_progress >= self._feedback_interval():
+                        on_progress("".join(pending), output.output_tokens)
+                        pending.clear()
+                        last_progress = now
                 if chunk.finish_reason is not None:
                     break
         except CosmosReasonError as e:
             stopped = e  # an engine failure mid-stream: keep what was generated
         finally:
             with self._generating_lock:
-                self._generating -= 1
+                self._generating -= streams
         if pending and stopped is None:
             on_progress("".join(pending), output.output_tokens)
         run.time_to_first_token_s = (t_submit - t_start) + (output.first_token_s or 0.0)
@@ -779,12 +805,24 @@ def _camera_image(camera: str, media: Media) -> CameraImage:
                        media.prepared.geometry, media.original_rgb)
 
 
+def _no_stage(_stage: Stage) -> None:
+    pass
+
+
 def _non_negative(name: str, value: float, what: str) -> float:
     value = float(value)
     if not math.isfinite(value) or value < 0:
         raise BadRequestError(f"{name}={value!r}: allowed 0 (node default) or a positive "
                               f"{what}")
     return value
+
+
+def _check_feedback(goal: GoalFields) -> FeedbackLevel:
+    try:
+        return FeedbackLevel(goal.feedback)
+    except ValueError:
+        raise BadRequestError(f"feedback={goal.feedback} is unknown; allowed 0 (all: stages "
+                              f"and text), 1 (stages only), 2 (none)") from None
 
 
 def _check_source(goal: GoalFields) -> Source:

@@ -80,6 +80,7 @@ from cosmos_reason_ros.eval.scenario import (
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SOURCES = {"latest": 0, "next": 1, "clip": 2}
+FEEDBACK_STAGES = 1  # Reason.Goal.FEEDBACK_STAGES: replay reads the stages, never the text
 EXIT_OK, EXIT_REGRESSION, EXIT_BAD_INPUT, EXIT_UNREACHABLE = 0, 1, 2, 3
 NS = 1_000_000_000
 NEXT_FRAMES = 3  # frames published after a 'next' goal before --rate max waits for it
@@ -385,7 +386,7 @@ class _NodePlayer:
             clip_duration_s=g.clip_duration_s, clip_fps=g.clip_fps, max_tokens=g.max_tokens,
             temperature=g.temperature, greedy=g.greedy, response_schema=g.response_schema,
             max_image_age_s=g.max_image_age_s, wait_for_image_s=g.wait_for_image_s,
-            timeout_s=g.timeout_s, cameras=g.cameras)
+            timeout_s=g.timeout_s, cameras=g.cameras, feedback=FEEDBACK_STAGES)
         stage = threading.Event()
 
         def on_feedback(fb: Any) -> None:

@@ -197,4 +197,4 @@ def goal_fields(goal: Any) -> GoalFields:
         clip_fps=goal.clip_fps, response_schema=goal.response_schema,
         max_tokens=goal.max_tokens, temperature=goal.temperature, greedy=goal.greedy,
         timeout_s=goal.timeout_s, image=image, images_in_goal=int(has_image) + int(has_compressed),
-        cameras=tuple(goal.cameras))
+        cameras=tuple(goal.cameras), feedback=goal.feedback)

@@ -397,7 +397,8 @@ class ReasonNode(Node):
         try:
             valid = self.pipeline.validate(messages.goal_fields(goal))
             msg.task = valid.spec.task.value
-            feedback(Stage.QUEUED)
+            if valid.feedback.stages:
+                feedback(Stage.QUEUED)
             holding_slot = self.slots.acquire(
                 t_accept + valid.timeout_s - time.monotonic(),
                 should_stop=lambda: should_stop() is not None)
@@ -426,11 +427,11 @@ class ReasonNode(Node):
             self.get_logger().error(f"goal {msg.goal_id[:8]}: internal error: {e!r}")
             self._end_with_error(goal_handle, msg, EngineError(f"internal error: {e!r}"))
         finally:
+            if self.stopping:  # before leave(): a stop waiting for the goals then sees it
+                self._ended_by_stop.add(bytes(goal_handle.goal_id.uuid))
             if holding_slot:
                 self.slots.release()
             self.slots.leave()
-            if self.stopping:
-                self._ended_by_stop.add(bytes(goal_handle.goal_id.uuid))
             self.prefill_worker.wake.set()  # a frame skipped while busy can be prefilled now
         msg.total_s = time.monotonic() - t_accept
         self.outputs.publish_result(msg)

@@ -144,7 +144,8 @@ def main(argv: list[str] | None = None) -> int:
 
             try:
                 # One deadline for the server's discovery and the result.
-                result = client.run(goal, timeout_s=args.timeout, on_feedback=on_feedback)
+                result = client.run(goal, timeout_s=args.timeout,
+                                    on_feedback=None if args.quiet else on_feedback)
             except ServerUnavailableError as e:
                 print(f"query: {e} (--timeout {args.timeout:g} s)", file=sys.stderr)
                 return 1

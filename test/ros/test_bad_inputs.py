@@ -319,6 +319,8 @@ CATALOGUE: list[Case] = [
          "needs exactly one of image and compressed_image"),
     Case("unknown source", via_goal(lambda: goal(source=7)), BAD_REQUEST,
          "source=7 is unknown"),
+    Case("unknown feedback level", via_goal(lambda: goal(feedback=3)), BAD_REQUEST,
+         "feedback=3 is unknown; allowed 0 (all: stages and text), 1 (stages only), 2 (none)"),
     # --- bad camera frames (published, then asked for with SOURCE_NEXT) ----------------------
     Case("camera frame with a malformed step",
          via_camera(lambda: raw_image(step=10)), BAD_IMAGE, "step=10 is smaller"),

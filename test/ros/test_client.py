@@ -201,6 +201,25 @@ def test_cancels_asked_for_right_before_close_still_reach_the_node(endless):
     assert ended is not None
 
 
+def test_a_goal_without_a_feedback_callback_asks_the_node_for_none(node, monkeypatch):
+    from rclpy.action import ActionClient
+
+    levels: list[int] = []
+    send = ActionClient.send_goal_async
+    monkeypatch.setattr(ActionClient, "send_goal_async", lambda self, goal, **kw: (
+        levels.append(goal.feedback), send(self, goal, **kw))[1])
+    node.publish()
+    node.wait_frames(1)
+    goal = ReasonClient.goal("What is here?")
+    seen: list = []
+    with ReasonClient() as client:
+        assert client.run(goal, 30).ok
+        assert client.run(goal, 30, on_feedback=seen.append).ok
+    assert levels == [Goal.FEEDBACK_NONE, Goal.FEEDBACK_ALL]
+    assert goal.feedback == Goal.FEEDBACK_ALL  # the caller's goal is left as it was
+    assert "queued" in [fb.stage for fb in seen]
+
+
 def readme_python_example() -> str:
     """The README's Python example, exactly as printed."""
     readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")

@@ -284,6 +284,26 @@ def test_feedback_of_many_goals_shares_the_total_rate_and_loses_no_text(make_nod
     assert 5 <= with_text <= 20, with_text
 
 
+@pytest.mark.parametrize("level, expected", [
+    (Goal.FEEDBACK_ALL, "stages and text"), (Goal.FEEDBACK_STAGES, "stages"),
+    (Goal.FEEDBACK_NONE, "nothing")])
+def test_a_goal_gets_the_feedback_it_asked_for(make_node, level, expected):
+    n = make_node(script=lambda r: Script(deltas=["a ", "b ", "c"], delay_s=0.01))
+    n.publish()
+    n.wait_frames(1)
+    feedback: list = []
+    status, result = n.result(n.send(feedback, prompt="Say it.", feedback=level))
+    assert status == GoalStatus.STATUS_SUCCEEDED and result.answer == "a b c"
+    time.sleep(0.5)  # feedback may trail the result: none may come for FEEDBACK_NONE
+    stages_seen = [fb.stage for fb in feedback if not fb.text_delta]
+    text = "".join(fb.text_delta for fb in feedback)
+    got = {("queued", "a b c"): "stages and text", ("queued", ""): "stages",
+           (None, ""): "nothing"}.get((stages_seen[0] if stages_seen else None, text))
+    assert got == expected, (stages_seen, text)
+    if level != Goal.FEEDBACK_NONE:
+        assert stages_seen == ["queued", "waiting_for_image", "preprocessing", "generating"]
+
+
 def test_diagnostics_count_outcomes(make_node):
     n = make_node(script=lambda r: Script(deltas=["ok"]))
     n.publish()
