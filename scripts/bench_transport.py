@@ -142,6 +142,8 @@ def main() -> int:
                         if r.status == "rejected":
                             continue
                         if not r.ok:  # still timed: a dead engine's fast failures count too
+                            if not failed:
+                                print(f"first failure: {r.error_code.name} {r.error_message}")
                             failed += 1
                         delays.setdefault((cam, name, level), []).append(
                             time.monotonic() - t0 - r.message.total_s)
