@@ -129,14 +129,13 @@ class GoalHandle:
     """A submitted goal: wait for its result, or cancel it."""
 
     def __init__(self, future: concurrent.futures.Future[ReasonResult],
-                 send_cancel: Callable[[Any], None] | None = None) -> None:
+                 send_cancel: Callable[[Any], None]) -> None:
         """Wrap the result future (created by ``ReasonClient.submit``).
 
-        ``send_cancel(ros_handle)`` sends the cancel request (the client's spin thread does);
-        without it, the caller's thread does.
+        ``send_cancel(ros_handle)`` sends the cancel request (the client's spin thread does).
         """
         self.future = future
-        self._send_cancel = send_cancel or (lambda ros_handle: ros_handle.cancel_goal_async())
+        self._send_cancel = send_cancel
         self._ros_handle: Any = None
         self._cancel_requested = False
         self._sent = False

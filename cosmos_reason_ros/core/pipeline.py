@@ -96,6 +96,10 @@ class Stage(str, enum.Enum):
     GENERATING = "generating"
 
 
+def _no_stage(_stage: Stage) -> None:
+    """Take no stage feedback (the default ``on_stage``, and a goal that asked for none)."""
+
+
 class FeedbackLevel(enum.IntEnum):
     """Which feedback a goal publishes (the values of ``Reason.Goal.FEEDBACK_*``)."""
 
@@ -592,7 +596,7 @@ class GoalPipeline(Generic[P]):
 
     def media_for(self, goal: ValidGoal, accepted_ns: int, deadline: float,
                   should_stop: Callable[[], Stop | None] = lambda: None,
-                  on_stage: Callable[[Stage], None] = lambda _s: None) -> Media:
+                  on_stage: Callable[[Stage], None] = _no_stage) -> Media:
         """Choose and prepare the goal's media, reporting the stages it passes."""
         if goal.source is Source.GOAL_IMAGE:
             on_stage(Stage.PREPROCESSING)
@@ -651,7 +655,7 @@ class GoalPipeline(Generic[P]):
 
     def run(self, goal: ValidGoal, *, t_start: float, accepted_ns: int,
             should_stop: Callable[[], Stop | None] = lambda: None,
-            on_stage: Callable[[Stage], None] = lambda _s: None,
+            on_stage: Callable[[Stage], None] = _no_stage,
             on_progress: Callable[[str, int], None] = lambda _t, _n: None,
             priority: int = 0, is_goal: bool = True) -> GoalRun:
         """Frames -> media -> request -> engine -> outcome; never raises a package error.
@@ -803,10 +807,6 @@ def _images_per_prompt(p: NodeParams) -> int:
 def _camera_image(camera: str, media: Media) -> CameraImage:
     return CameraImage(camera, media.frame_id, media.header_stamp_ns, media.stamps_ns[-1],
                        media.prepared.geometry, media.original_rgb)
-
-
-def _no_stage(_stage: Stage) -> None:
-    pass
 
 
 def _non_negative(name: str, value: float, what: str) -> float:
