@@ -99,9 +99,9 @@ def test_table_aligns_numbers_right_and_text_left() -> None:
     assert lines[2] == "| node | 1.5 |"
 
 
-def _report_data(node_delta_s: float) -> dict:
+def _report_data(node_delta_s: float, rounds: int = 8) -> dict:
     samples = []
-    for r in range(3):
+    for r in range(rounds):
         for mode, e2e in (("engine", 0.100), ("node", 0.100 + node_delta_s),
                           ("baseline", 0.400)):
             samples.append({"phase": "latency", "mode": mode, "size": "1280x720",
@@ -116,17 +116,43 @@ def _report_data(node_delta_s: float) -> dict:
 
 def test_report_states_ratios_and_target_results() -> None:
     report = bs.render_report(_report_data(0.002))
-    assert "| 1280x720 | short | 3 | 100.0 | 102.0 | 2.0 |" in report
+    assert "| 1280x720 | short | 8 | 100.0 | 102.0 | 2.0 | 2.0 to 2.0 |" in report
     assert "3.92x" in report  # baseline 400 ms / node 102 ms
-    assert "node overhead p50 at 1280x720, short answers | 2.0 ms (target <= 5 ms) | met" \
-        in report
+    assert "node overhead p50 at 1280x720, short answers | 2.0 ms (target <= 5 ms) | met " \
+        "(95 % interval 2.0 to 2.0 ms, 8 pairs)" in report
     assert "| prefill | skipped |" in report and "no parameter" in report
     assert "camera callback per 1080p frame (median) | 0.080 ms" in report
 
 
 def test_report_flags_a_missed_target() -> None:
     report = bs.render_report(_report_data(0.020))
-    assert "20.0 ms (target <= 5 ms) | MISSED" in report
+    assert "20.0 ms (target <= 5 ms) | MISSED (95 % interval" in report
+
+
+def test_report_says_when_too_few_pairs_decide_nothing() -> None:
+    report = bs.render_report(_report_data(0.002, rounds=3))
+    assert "2.0 ms (target <= 5 ms) | undecided: 3 pairs, a 95 % interval needs 6" in report
+
+
+def test_median_interval_is_the_order_statistics_of_the_binomial_bound() -> None:
+    assert all(math.isnan(v) for v in bs.median_interval([1.0, 2.0, 3.0, 4.0, 5.0]))
+    assert bs.median_interval([6.0, 1.0, 5.0, 2.0, 4.0, 3.0]) == (1.0, 6.0)  # 96.9 %
+    # n = 20: P(Binomial(20, 1/2) <= 5) = 2.1 % <= 2.5 % < P(<= 6) = 5.8 %: x(6) to x(15)
+    assert bs.median_interval(range(1, 21)) == (6.0, 15.0)
+    assert bs.median_interval(range(1, 101)) == (40.0, 61.0)  # the textbook n = 100 interval
+    assert bs.median_interval([*range(1, 21), None, math.nan]) == (6.0, 15.0)  # skipped
+
+
+def test_decide_judges_the_interval_against_the_limit() -> None:
+    deltas = [float(v) for v in range(1, 21)]  # median 10.5, interval 6 to 15
+    assert bs.decide(deltas, 15.0) == bs.Decision("met", 6.0, 15.0, 20, None)
+    assert bs.decide(deltas, 5.9) == bs.Decision("MISSED", 6.0, 15.0, 20, None)
+    # Half-width 4.5, 1.5 from the limit: about 20 * (4.5 / 1.5)^2 = 180 pairs decide.
+    assert bs.decide(deltas, 12.0) == bs.Decision("undecided", 6.0, 15.0, 20, 180)
+    assert bs.decide(deltas, 10.5).pairs_needed is None  # the median is the limit
+    assert bs.decide([1.0, 2.0], 3.0).pairs_needed == 6
+    assert bs.decide(deltas, 12.0).text() == \
+        "undecided (95 % interval 6.0 to 15.0 ms, 20 pairs; about 180 pairs decide)"
 
 
 def test_report_checks_prefill_targets_on_the_gpu() -> None:
