@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -34,6 +35,9 @@ def text_schema(chars: int) -> str:
 ENDLESS_SCHEMA = text_schema(30000)
 ENDLESS_TOKENS = 3000
 ENDLESS_LIMITS = {"limits.max_tokens": ENDLESS_TOKENS}
+
+
+_LOG_STAMP = re.compile(r"\[[A-Z]+\] \[(\d+\.\d+)\] ")
 
 
 class NodeProcess:
@@ -68,6 +72,21 @@ class NodeProcess:
         with self._cond:
             self._eof = True
             self._cond.notify_all()
+
+    def logged_at(self, needle: str, since: float, count: int, timeout_s: float) -> list[float]:
+        """Wall-clock stamps (s) of log lines holding ``needle`` stamped at ``since`` or later.
+
+        Waits (bounded) until there are ``count`` of them: the node's output reaches this
+        process through a pipe and a reader thread, later than the node wrote it. ROS 2's
+        default console format: ``[LEVEL] [seconds.nanoseconds] [logger]: message``.
+        """
+        def stamps() -> list[float]:
+            found = (_LOG_STAMP.match(line) for line in self.lines if needle in line)
+            return [t for t in (float(m.group(1)) for m in found if m) if t >= since]
+
+        with self._cond:
+            self._cond.wait_for(lambda: len(stamps()) >= count or self._eof, timeout_s)
+            return stamps()
 
     @property
     def output(self) -> str:

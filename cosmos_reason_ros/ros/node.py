@@ -191,7 +191,7 @@ class ReasonNode(Node):
         self._ended_by_stop.clear()
         self._action_server = ResultRequestsActionServer(
             self, Reason, "~/reason", execute_callback=self._execute,
-            goal_callback=self._on_goal, cancel_callback=lambda _: CancelResponse.ACCEPT,
+            goal_callback=self._on_goal, cancel_callback=self._on_cancel,
             callback_group=ReentrantCallbackGroup(), goal_service_qos_profile=requests_qos,
             result_service_qos_profile=requests_qos, cancel_service_qos_profile=requests_qos,
             feedback_pub_qos_profile=requests_qos, result_timeout=p.limits.result_keep_s)
@@ -356,6 +356,13 @@ class ReasonNode(Node):
         except OverloadedError as e:
             return self._refuse(goal, e)
         return GoalResponse.ACCEPT
+
+    def _on_cancel(self, goal_handle: Any) -> CancelResponse:
+        # Logged (with its time) as it arrives: a cancel's delay before this line is the
+        # transport's, after it the node's and the engine's (RELIABILITY.md, "Mass cancel").
+        self.get_logger().info(f"goal {bytes(goal_handle.goal_id.uuid).hex()[:8]} "
+                               "cancel requested")
+        return CancelResponse.ACCEPT
 
     def _refuse(self, goal: Reason.Goal, error: CosmosReasonError) -> GoalResponse:
         self._count("rejected")

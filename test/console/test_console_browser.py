@@ -130,8 +130,11 @@ def stack(browser_paths, tiny_qwen3_vl):
     from selenium.webdriver.chrome.service import Service
 
     chromium, chromedriver = browser_paths
+    # No frame-age limit: these tests are about the page. On a loaded CI machine the demo
+    # camera's thread once stalled for 10 s, and a goal on the latest frame then ended
+    # IMAGE_TOO_OLD instead of generating (the node's age check has tests of its own).
     node = NodeProcess("cpu_demo", {"engine.model": str(tiny_qwen3_vl), **ENDLESS_LIMITS,
-                                    "diagnostics.period_s": 0.5})
+                                    "diagnostics.period_s": 0.5, "image.max_age_s": 0.0})
     camera = console = driver = None
     try:
         node.wait_ready()

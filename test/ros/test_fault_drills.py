@@ -39,10 +39,12 @@ Goal = Reason.Goal
 Feedback = Reason.Feedback
 MAX_RUNNING, MAX_QUEUED = 50, 32
 # The mass-cancel drill (issue #25): 50 goals generating long answers (7 000 of 8 192 tokens of
-# context), cancelled at once. The target is an idle engine within 2 s; most loaded runs meet
-# it, but not all yet (docs/RELIABILITY.md, "Mass cancel"), so the drill fails only past 15 s
-# and prints the figure.
-CANCEL_BURST, CANCEL_TOKENS, CANCEL_IDLE_S = 50, 7000, 15.0
+# context), cancelled at once. The node logs each cancel request as it arrives. From the last
+# arrival the engine must be idle within 2 s: that is the node's and the engine's part. The
+# delivery of the requests before it is DDS's, seconds late in a few loaded runs
+# (docs/RELIABILITY.md, "Mass cancel"), so the whole is bounded at 15 s and printed.
+CANCEL_BURST, CANCEL_TOKENS = 50, 7000
+CANCEL_IDLE_AFTER_ARRIVAL_S, CANCEL_IDLE_S = 2.0, 15.0
 
 
 class IO:
@@ -288,7 +290,7 @@ def test_100_goals_at_once_every_goal_gets_a_result(io):
 # (no total cap) this drill's node stalled for up to a minute under CPU load, every goal
 # ending TIMEOUT: limits.feedback_total_rate_hz (docs/RELIABILITY.md, "Mass cancel").
 @pytest.mark.every_distro
-def test_goals_cancelled_at_once_leave_the_engine_idle(io):
+def test_goals_cancelled_at_once_leave_the_engine_idle(node, io):
     started = [threading.Event() for _ in range(CANCEL_BURST)]
     handles = [io.client.submit(image_goal("Write a lot.", response_schema=ENDLESS_SCHEMA,
                                            max_tokens=CANCEL_TOKENS), generating(e))
@@ -323,9 +325,17 @@ def test_goals_cancelled_at_once_leave_the_engine_idle(io):
     with io.cond:
         assert io.cond.wait_for(lambda: idle_at() is not None, CANCEL_IDLE_S), \
             f"the engine still runs requests {CANCEL_IDLE_S} s after the mass cancel"
-        idle_s = idle_at() - wall_cancel
-    print(f"engine idle {idle_s:.2f} s after the cancel (the node's diagnostics stamp)")
-    assert idle_s <= CANCEL_IDLE_S
+        idle = idle_at()
+    arrivals = node.logged_at("cancel requested", since=wall_cancel, count=CANCEL_BURST,
+                              timeout_s=10.0)
+    assert len(arrivals) == CANCEL_BURST, f"{len(arrivals)} cancel requests logged"
+    first, last = min(arrivals), max(arrivals)
+    print(f"cancel requests reached the node {first - wall_cancel:+.2f} to "
+          f"{last - wall_cancel:+.2f} s after the client sent them; engine idle "
+          f"{idle - last:.2f} s after the last, {idle - wall_cancel:.2f} s after the "
+          f"cancel (the node's stamps)")
+    assert idle - last <= CANCEL_IDLE_AFTER_ARRIVAL_S
+    assert idle - wall_cancel <= CANCEL_IDLE_S
     assert io.client.run(image_goal(), 60).ok
 
 
