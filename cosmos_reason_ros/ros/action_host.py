@@ -151,6 +151,8 @@ class ActionHost:
             except ExternalShutdownException:
                 return  # the context was shut down
             except Exception as e:  # noqa: BLE001 - the thread must keep serving goals
+                if not self.node.context.ok():
+                    return
                 self.node.get_logger().error(f"action executor: {e!r}")
 
     def close(self, timeout_s: float = 2.0) -> None:

@@ -404,7 +404,8 @@ class ReasonNode(Node):
         # coroutine resumes (returning the result to rclpy) once the worker completed it.
         t_accept, accepted_ns = time.monotonic(), self.now_ns()
         host = self.action_host
-        assert host is not None  # the action server exists only with its host
+        if host is None:  # the server is being closed: the goal ends at once, stopped, here
+            return self._run_goal(goal_handle, t_accept, accepted_ns)
         return await host.run(lambda: self._run_goal(goal_handle, t_accept, accepted_ns))
 
     def _run_goal(self, goal_handle: ServerGoalHandle, t_accept: float,
