@@ -38,13 +38,14 @@ from cosmos_reason_ros.engines.base import Engine
 from cosmos_reason_ros.ros import process_life
 from cosmos_reason_ros.ros.config import RUNTIME_PARAMS, ConfigError, declared_values, validate
 from cosmos_reason_ros.ros.node import (
-    MAIN_EXECUTOR_THREADS,
     NODE_NAME,
     SHUTDOWN_GOALS_S,
     ReasonNode,
+    threads_for_goals,
 )
 
 ENABLE_PARAM = "lifecycle.enabled"
+TRANSITION_SPARE = 5  # the plain node's spare threads, plus one for a transition
 Transition = Callable[["ManagedReasonNode", LifecycleState], TransitionCallbackReturn]
 
 
@@ -99,15 +100,17 @@ class ManagedReasonNode(ReasonNode, LifecycleNode):
         super().__init__(engine, managed=True, **kwargs)
         self.configured = self._engine_started = False
         self.refusal = "lifecycle state 'unconfigured'"
+        # Every running and queued goal blocks an executor thread, and the executor is made
+        # once: its size comes from the limits given at start (configure refuses more).
+        limits = declared_values(self)
+        self._threads = threads_for_goals(limits["limits.max_concurrent_goals"],
+                                          limits["limits.max_queued_goals"], TRANSITION_SPARE)
         self._owned_publishers: list[Any] = []
         self.add_on_set_parameters_callback(self._on_set_managed)
 
     def executor_threads(self) -> int:
-        """Threads the executor needs: the plain node's, one more for a transition.
-
-        Goals run on the action host's threads, sized by each configuration's limits.
-        """
-        return MAIN_EXECUTOR_THREADS + 1
+        """Threads the executor needs (fixed at start; one more for transitions)."""
+        return self._threads
 
     def start(self) -> None:
         """Nothing starts before configure and activate."""
@@ -148,6 +151,14 @@ class ManagedReasonNode(ReasonNode, LifecycleNode):
             params = validate(declared_values(self))
         except ConfigError as e:
             self.get_logger().error(f"lifecycle: configure refused: {e}")
+            return TransitionCallbackReturn.FAILURE
+        need = threads_for_goals(params.limits.max_concurrent_goals,
+                                params.limits.max_queued_goals, TRANSITION_SPARE)
+        if need > self._threads:
+            self.get_logger().error(
+                f"lifecycle: configure refused: limits.max_concurrent_goals + "
+                f"limits.max_queued_goals need {need} executor threads, the process has "
+                f"{self._threads} (from the values at start): restart the node to raise them")
             return TransitionCallbackReturn.FAILURE
         self._stopping = threading.Event()  # this configuration's stop (workers wait on it)
         self._threads_started = self._engine_started = False
@@ -251,7 +262,9 @@ class ManagedReasonNode(ReasonNode, LifecycleNode):
         self.stop_ingest()
         self._ingest_node.destroy_node()
         del self._ingest_node
-        self.close_action_server()
+        if self._action_server is not None:
+            self._action_server.destroy()
+            self._action_server = None
         for publisher in self._owned_publishers:
             self.destroy_publisher(publisher)
         self._owned_publishers = []

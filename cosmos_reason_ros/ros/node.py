@@ -18,7 +18,6 @@ import rclpy
 from diagnostic_msgs.msg import DiagnosticArray
 from rcl_interfaces.msg import SetParametersResult
 from rclpy.action import CancelResponse, GoalResponse
-from rclpy.action.server import ServerGoalHandle
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallbackGroup
 from rclpy.executors import SingleThreadedExecutor
 from rclpy.node import Node
@@ -45,7 +44,6 @@ from cosmos_reason_ros.engines.base import Engine
 from cosmos_reason_ros.engines.factory import create_engine
 from cosmos_reason_ros.engines.runner import EngineRunner
 from cosmos_reason_ros.ros import cdr, diagnostics, messages, process_life
-from cosmos_reason_ros.ros.action_host import ActionHost
 from cosmos_reason_ros.ros.action_results import ResultRequestsActionServer
 from cosmos_reason_ros.ros.camera import CameraSet
 from cosmos_reason_ros.ros.config import ConfigError, declare_and_load, engine_options, validate
@@ -75,7 +73,6 @@ class ReasonNode(Node):
         self._counters_lock = threading.Lock()
         self.counters = {"succeeded": 0, "aborted": 0, "canceled": 0, "rejected": 0}
         self._action_server: ResultRequestsActionServer | None = None
-        self.action_host: ActionHost | None = None  # the action server's node and threads
         self._ended_by_stop: set[bytes] = set()  # goal ids, for serve_results
         self.serving_timers: list[Any] = []
         self._threads_started = False
@@ -183,11 +180,7 @@ class ReasonNode(Node):
                                       f"goals with ENGINE_UNAVAILABLE until it is")
 
     def open_action_server(self) -> None:
-        """Create the ``~/reason`` action server on its own node, executor and thread.
-
-        ``ActionHost``: the main node's executor keeps timers and services; goals run on
-        worker threads of their own, one per running or queued goal.
-        """
+        """Create the ``~/reason`` action server."""
         p = self.params
         # The default service QoS keeps only 10 requests: a burst of goals beyond that is
         # dropped by DDS before the node ever sees it (never answered, never rejected). All
@@ -196,18 +189,12 @@ class ReasonNode(Node):
         requests_qos = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=ACTION_QUEUE_DEPTH,
                                   reliability=ReliabilityPolicy.RELIABLE)
         self._ended_by_stop.clear()
-        host = ActionHost(self, workers=self.slots.max_running + self.slots.max_queued)
-        # The name as this node resolves it (remaps, namespace, node name): the host node
-        # ignores the process's arguments.
         self._action_server = ResultRequestsActionServer(
-            host.node, Reason, self.resolve_topic_name("~/reason"),
-            execute_callback=self._execute,
+            self, Reason, "~/reason", execute_callback=self._execute,
             goal_callback=self._on_goal, cancel_callback=self._on_cancel,
             callback_group=ReentrantCallbackGroup(), goal_service_qos_profile=requests_qos,
             result_service_qos_profile=requests_qos, cancel_service_qos_profile=requests_qos,
             feedback_pub_qos_profile=requests_qos, result_timeout=p.limits.result_keep_s)
-        host.start()  # after the server exists: its thread then never sees it half built
-        self.action_host = host
 
     def resume(self) -> None:
         """Timers on; the first time after ``configure`` also the prefill and ingest threads."""
@@ -282,16 +269,8 @@ class ReasonNode(Node):
             self.wait_goals(SHUTDOWN_GOALS_AFTER_ENGINE_S, spin, linger=in_flight)
         self.gc_pauses.uninstall()
         self.stop_ingest()
-        self.close_action_server()
-
-    def close_action_server(self) -> None:
-        """Stop the action server's thread and workers; destroy the server and its node."""
-        host, server = self.action_host, self._action_server
-        self.action_host, self._action_server = None, None
-        if host is not None:
-            host.close()  # first: its thread no longer waits on the server's handles
-        if server is not None:
-            server.destroy()
+        if self._action_server is not None:
+            self._action_server.destroy()
 
     def wait_goals(self, limit_s: float, spin: Callable[[float], object] | None = None,
                    linger: bool = False) -> bool:
@@ -329,7 +308,7 @@ class ReasonNode(Node):
             wait(0.05)
 
     def destroy_node(self) -> None:
-        """Destroy the ingest and action nodes too (absent when a bad parameter stopped __init__).
+        """Destroy the camera ingest node too (absent when a bad parameter stopped __init__).
 
         Does not close the node: rclpy's context shutdown destroys its nodes, and must not
         wait for an engine (``main`` closes the node first, or abandons an interrupted start).
@@ -337,8 +316,6 @@ class ReasonNode(Node):
         if hasattr(self, "_ingest_node"):
             self.stop_ingest()
             self._ingest_node.destroy_node()
-        if hasattr(self, "action_host"):
-            self.close_action_server()
         super().destroy_node()
 
     def stop_ingest(self) -> None:
@@ -352,8 +329,8 @@ class ReasonNode(Node):
             self._ingest_thread.join(timeout=2.0)
 
     def executor_threads(self) -> int:
-        """Threads the main node's executor needs: its timers and services (goals run apart)."""
-        return MAIN_EXECUTOR_THREADS
+        """Threads the executor needs: every running and queued goal blocks one."""
+        return threads_for_goals(self.slots.max_running, self.slots.max_queued)
 
     def now_ns(self) -> int:
         """Return the node clock (sim time under replay) in nanoseconds."""
@@ -366,8 +343,8 @@ class ReasonNode(Node):
     # --- goals ---------------------------------------------------------------------------
 
     def _on_goal(self, goal: Reason.Goal) -> GoalResponse:
-        # Admission happens before acceptance so that a goal over the bounds never takes a
-        # goal worker. A ROS reject cannot carry a reason, so the refusal is also
+        # Admission happens before acceptance so that a goal over the bounds never holds an
+        # executor thread. A ROS reject cannot carry a reason, so the refusal is also
         # published on ~/results (code OVERLOADED) and logged; every other problem is
         # reported in the goal's result with a specific code.
         if self.stopping:
@@ -380,7 +357,7 @@ class ReasonNode(Node):
             return self._refuse(goal, e)
         return GoalResponse.ACCEPT
 
-    def _on_cancel(self, goal_handle: ServerGoalHandle) -> CancelResponse:
+    def _on_cancel(self, goal_handle: Any) -> CancelResponse:
         # Logged (with its time) as it arrives: a cancel's delay before this line is the
         # transport's, after it the node's and the engine's (RELIABILITY.md, "Mass cancel").
         self.get_logger().info(f"goal {bytes(goal_handle.goal_id.uuid).hex()[:8]} "
@@ -406,18 +383,8 @@ class ReasonNode(Node):
         with self._counters_lock:
             return dict(self.counters)
 
-    async def _execute(self, goal_handle: ServerGoalHandle) -> Reason.Result:
-        # On the action host's single thread: the goal's work runs on a goal worker, and this
-        # coroutine resumes (returning the result to rclpy) once the worker completed it.
+    def _execute(self, goal_handle: Any) -> Reason.Result:
         t_accept, accepted_ns = time.monotonic(), self.now_ns()
-        host = self.action_host
-        if host is None:  # the server is being closed: the goal ends at once, stopped, here
-            return self._run_goal(goal_handle, t_accept, accepted_ns)
-        return await host.run(lambda: self._run_goal(goal_handle, t_accept, accepted_ns))
-
-    def _run_goal(self, goal_handle: ServerGoalHandle, t_accept: float,
-                  accepted_ns: int) -> Reason.Result:
-        """Run one goal to its result (on a goal worker): the one place a goal ends."""
         goal = goal_handle.request
         msg = ReasoningResult(goal_id=bytes(goal_handle.goal_id.uuid).hex(), origin="goal",
                               model=self.runner.model_name,
@@ -477,7 +444,7 @@ class ReasonNode(Node):
         self.outputs.publish_result(msg)
         return Reason.Result(result=msg)
 
-    def _end_with_error(self, goal_handle: ServerGoalHandle, msg: ReasoningResult,
+    def _end_with_error(self, goal_handle: Any, msg: ReasoningResult,
                         error: CosmosReasonError) -> None:
         messages.fill_error(msg, error)
         self.get_logger().warning(f"goal {msg.goal_id[:8]} ended: code={error.code.name} "
@@ -493,10 +460,9 @@ class ReasonNode(Node):
     # --- diagnostics ---------------------------------------------------------------------
 
 
-# The main node's executor runs the diagnostics and periodic timers (one group), parameter
-# services and, in managed mode, a lifecycle transition (which may wait for goals or load the
-# engine); goals run on the action host's threads.
-MAIN_EXECUTOR_THREADS = 4
+def threads_for_goals(max_running: int, max_queued: int, spare: int = 4) -> int:
+    """Threads the goal executor needs: every running and queued goal blocks one."""
+    return max_running + max_queued + spare
 
 
 # Shutdown bounds (docs/RELIABILITY.md, "Shutdown and signals"): goals stopped by the node end

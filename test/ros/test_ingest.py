@@ -1,11 +1,9 @@
-"""Camera ingest and the action server run on nodes of their own: renamed and remapped alike.
+"""Camera ingest runs on a node of its own: renamed and remapped like the main node.
 
 The node takes frames on ``<name>_ingest`` with its own executor (so camera traffic cannot
-hold back goal requests), and serves ``~/reason`` from ``<name>_actions`` (an executor and
-thread of its own). Those nodes ignore the process-wide arguments, so a launch-file rename
-(``__node:=``) must not rename them into a clash, and the camera remap must still reach the
-ingest subscription and the action keep the main node's name. The engine is an unreachable
-server: nothing here needs one.
+hold back goal requests). That node ignores the process-wide arguments, so a launch-file
+rename (``__node:=``) must not rename it into a clash, and the camera remap must still reach
+its subscription. The engine is an unreachable server: nothing here needs one.
 """
 
 from __future__ import annotations
@@ -27,7 +25,7 @@ from cosmos_reason_ros.core.types import ErrorCode  # noqa: E402
 
 pytestmark = [pytest.mark.ros]
 
-NAME, TOPIC, ACTION = "front_reasoner", "/front/image_raw", "/front/ask"
+NAME, TOPIC = "front_reasoner", "/front/image_raw"
 
 
 @pytest.fixture(scope="module")
@@ -37,8 +35,7 @@ def renamed_node():
                                     "engine.start_timeout_s": 1.0,
                                     "image.qos_reliability": "reliable",
                                     "diagnostics.period_s": 0.2},
-                       remaps=[f"__node:={NAME}", f"image:={TOPIC}",
-                               f"/{NAME}/reason:={ACTION}"])
+                       remaps=[f"__node:={NAME}", f"image:={TOPIC}"])
     proc.wait_ready(120)
     yield proc
     proc.stop_cleanly()
@@ -63,7 +60,7 @@ def test_renamed_node_takes_remapped_frames_on_its_ingest_node(renamed_node):
     try:
         assert side.wait_matched(camera), "the ingest node's subscription was not found"
         deadline = time.monotonic() + 30
-        expected = sorted([NAME, f"{NAME}_ingest", f"{NAME}_actions"])
+        expected = sorted([NAME, f"{NAME}_ingest"])
         while time.monotonic() < deadline:  # node names arrive after the endpoints
             names = sorted(n for n in node.get_node_names() if n.startswith(NAME))
             if names == expected:
@@ -72,7 +69,7 @@ def test_renamed_node_takes_remapped_frames_on_its_ingest_node(renamed_node):
         assert names == expected
         camera.publish(rgb_image_msg(scene(64, 48), side.now_ns()))
         assert received.wait(20), f"frames not counted; last diagnostics: {diagnostics}"
-        with ReasonClient(ACTION) as client:  # the remapped action name
+        with ReasonClient(f"/{NAME}/reason") as client:
             assert client.wait_for_server(20)
             result = client.ask("what is in front?", timeout_s=30)
         # The goal reached the renamed node's action server; only the (deliberately
