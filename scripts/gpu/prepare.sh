@@ -18,12 +18,11 @@ SHARED_GPU=${SHARED_GPU:-$ROOT/../shared/gpu}
 FORCE=${FORCE:-0}
 log() { echo "prepare: $*" >&2; }
 
-intact() {  # intact DIR FILE.sha256: the hash file is there and its file matches it
-  [ -f "$2" ] && (cd "$1" && sha256sum -c --quiet "$2" >/dev/null 2>&1)
+intact() {  # intact DIR HASHFILE: the hash file is there and the file it names in DIR matches
+  [ -f "$2" ] && (cd "$1" 2>/dev/null && sha256sum -c --quiet "$2" >/dev/null 2>&1)
 }
 
-if [ "$FORCE" = 1 ] || ! [ -x "$CARRY/bin/zstd" ] || \
-   ! (cd "$DEP" 2>/dev/null && sha256sum -c --quiet "$CARRY/site.sha256" >/dev/null 2>&1); then
+if [ "$FORCE" = 1 ] || ! [ -x "$CARRY/bin/zstd" ] || ! intact "$DEP" "$CARRY/site.sha256"; then
   [ -f "$SHARED_GPU/make_carry.sh" ] || { log "missing $SHARED_GPU/make_carry.sh"; exit 1; }
   log "1/3 vLLM tree -> $DEP/site.tar.zst (about 2 min idle, 30 min on a loaded machine)"
   DEST="$CARRY" WORK="$DEP" bash "$SHARED_GPU/make_carry.sh"
