@@ -69,15 +69,19 @@ def create_node() -> ReasonNode:
     return ManagedReasonNode() if requested() else ReasonNode()
 
 
-def _transition(name: str) -> Callable[[Transition], Transition]:
+def _transition(name: str, refusal: str | None = None) -> Callable[[Transition], Transition]:
     """Log the transition and its time; an unexpected exception is logged, then ERROR.
 
-    (rclpy turns an exception in a transition callback into ERROR without a word.)
+    (rclpy turns an exception in a transition callback into ERROR without a word.) A
+    ``refusal`` is in force before the first line is logged, so a client that reads the line
+    and sends a goal is refused, however the threads are scheduled.
     """
     def wrap(method: Transition) -> Transition:
         @functools.wraps(method)
         def run(self: ManagedReasonNode, state: LifecycleState) -> TransitionCallbackReturn:
             t0 = time.monotonic()
+            if refusal is not None:
+                self.refusal = refusal
             self.get_logger().info(f"lifecycle: {name} from {state.label!r}")
             try:
                 result = method(self, state)
@@ -197,10 +201,10 @@ class ManagedReasonNode(ReasonNode, LifecycleNode):
         self.log_ready()
         return TransitionCallbackReturn.SUCCESS
 
-    @_transition("deactivate")
+    @_transition("deactivate", refusal="lifecycle state 'deactivating': the node serves goals "
+                 "only when active")
     def on_deactivate(self, state: LifecycleState) -> TransitionCallbackReturn:
         """Refuse new goals; finish or stop the accepted ones; timers and cameras off."""
-        self.refusal = "lifecycle state 'deactivating': the node serves goals only when active"
         rule = self.params.lifecycle
         in_flight = self.slots.running + self.slots.queued
         if rule.deactivate_goals == "cancel":
