@@ -92,7 +92,13 @@ class InProcessNode:
         self.executor.add_node(self.node)
         self.spinning = SpinThread(self.executor)
         self.side = SpunNode("inprocess_client")
-        self.client = ActionClient(self.side.node, Reason, "/cosmos_reason/reason",
+        # The action client has a participant and a single-threaded executor of its own, and
+        # its requests go out from that executor's thread (on_client_thread), as ReasonClient's
+        # do: before rclpy 9 (Humble, Jazzy) ActionClient records a request's sequence number
+        # after sending it, without a lock, so a response taken at once on another executor
+        # thread was dropped ("Ignoring unexpected goal response") and the goal never ended.
+        self.client_side = SpunNode("inprocess_action_client", single_threaded=True)
+        self.client = ActionClient(self.client_side.node, Reason, "/cosmos_reason/reason",
                                    goal_service_qos_profile=ACTION_QOS,
                                    result_service_qos_profile=ACTION_QOS,
                                    cancel_service_qos_profile=ACTION_QOS,
@@ -176,17 +182,25 @@ class InProcessNode:
             assert time.monotonic() < deadline, "frames did not arrive"
             time.sleep(0.01)
 
+    def on_client_thread(self, call: Callable[[], Any]) -> Any:
+        """Run ``call`` on the action client's executor thread; return what it returned."""
+        return _wait_future(self.client_side.executor.create_task(call), 10.0)
+
+    def send_async(self, goal: Reason.Goal,
+                   feedback_callback: Callable[[Any], Any] | None = None) -> Any:
+        """Send a goal from the client's thread; return the future of its goal handle."""
+        return self.on_client_thread(
+            lambda: self.client.send_goal_async(goal, feedback_callback=feedback_callback))
+
     def send(self, received: list[Any] | None = None, **fields: Any) -> Any:
         """Send a goal; return its goal handle (accepted or not); feedback into ``received``."""
-        goal = Reason.Goal(**fields)
-        future = self.client.send_goal_async(
-            goal, feedback_callback=(lambda fb: received.append(fb.feedback))
-            if received is not None else None)
+        future = self.send_async(Reason.Goal(**fields), (lambda fb: received.append(
+            fb.feedback)) if received is not None else None)
         return _wait_future(future, 30.0)
 
     def result(self, handle: Any, timeout_s: float = 30.0) -> tuple[int, ReasoningResult]:
         """Wait for a goal's result: (action status, result message)."""
-        response = _wait_future(handle.get_result_async(), timeout_s)
+        response = _wait_future(self.on_client_thread(handle.get_result_async), timeout_s)
         return response.status, response.result.result
 
     def ask(self, feedback: list[Any] | None = None, **fields: Any) -> tuple[int,
@@ -207,8 +221,9 @@ class InProcessNode:
 
     def close(self) -> None:
         """Tear down both sides."""
-        self.side.spinning.stop()  # before the client goes: its handle leaves the wait set
+        self.client_side.spinning.stop()  # before the client goes: it leaves the wait set
         self.client.destroy()
+        self.client_side.close()
         self.side.close()
         self.node.close()
         self.spinning.stop()

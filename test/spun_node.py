@@ -8,7 +8,7 @@ from typing import Any
 
 import rclpy
 from rclpy.context import Context
-from rclpy.executors import MultiThreadedExecutor
+from rclpy.executors import MultiThreadedExecutor, SingleThreadedExecutor
 
 
 class SpinThread:
@@ -49,11 +49,12 @@ class SpunNode:
     on ``node``; ``close`` tears all of it down.
     """
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, single_threaded: bool = False) -> None:
         self.context = Context()
         rclpy.init(context=self.context)
         self.node = rclpy.create_node(name, context=self.context)
-        self.executor = MultiThreadedExecutor(context=self.context)
+        self.executor = (SingleThreadedExecutor if single_threaded
+                         else MultiThreadedExecutor)(context=self.context)
         self.executor.add_node(self.node)
         self.spinning = SpinThread(self.executor)
 

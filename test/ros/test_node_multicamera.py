@@ -186,7 +186,7 @@ def test_a_skewed_goal_succeeds_when_a_matching_frame_arrives_during_the_wait(ma
     n = make_node()
     front_ns, _ = publish_both(n, wrist_offset_ns=-NS // 2)
     waiting = threading.Event()
-    handle = n.client.send_goal_async(
+    handle = n.send_async(
         Goal(prompt="Is the part in the gripper?", cameras=["front", "wrist"],
              wait_for_image_s=20.0, max_image_age_s=30.0),
         feedback_callback=lambda fb: fb.feedback.stage == "waiting_for_image" and waiting.set())
