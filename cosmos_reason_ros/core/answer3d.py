@@ -19,8 +19,8 @@ from cosmos_reason_ros.core.lifting import (
     DEFAULT_SETTINGS,
     Lifted,
     LiftSettings,
-    lift_box,
-    lift_point,
+    lift_boxes,
+    lift_points,
     lift_trajectory,
 )
 from cosmos_reason_ros.core.rgbd import CameraModel, check_registration, depth_image
@@ -121,9 +121,10 @@ class DepthLifter(Generic[P]):
         except CosmosReasonError as e:
             return Answer3D(LiftCode.BAD_DEPTH, e.message, colour_frame_id, frame.stamp_ns)
         settings = s.lift
-        boxes = tuple(_DEGENERATE if b.degenerate
-                      else lift_box(stored, camera, b, scale, settings) for b in outcome.boxes)
-        points = tuple(lift_point(stored, camera, p, scale, settings) for p in outcome.points)
+        liftable = [b for b in outcome.boxes if not b.degenerate]
+        lifted = iter(lift_boxes(stored, camera, liftable, scale, settings))
+        boxes = tuple(_DEGENERATE if b.degenerate else next(lifted) for b in outcome.boxes)
+        points = lift_points(stored, camera, outcome.points, scale, settings)
         trajectories = tuple(lift_trajectory(stored, camera, t, scale, settings)
                              for t in outcome.trajectories)
         return Answer3D(LiftCode.OK, "", colour_frame_id, frame.stamp_ns, boxes, points,

@@ -34,7 +34,8 @@ Estimation, and why:
   (exact on planes, e.g. a floor at a grazing angle), and the position is on the exact ray
   through the point. Trajectories lift each waypoint.
 - **Bounded cost**: boxes larger than ``max_samples`` depth pixels are read on a regular
-  strided grid (all numpy, no per-pixel Python), so a goal's cost does not grow with box size.
+  strided grid (all numpy, no per-pixel Python), so a goal's cost does not grow with box size;
+  the boxes (or points) of a goal go through each step together, one numpy call for all.
 """
 
 from __future__ import annotations
@@ -127,47 +128,74 @@ def lift_box(
     settings: LiftSettings = DEFAULT_SETTINGS,
 ) -> Lifted:
     """Lift a box (colour-image pixels) to the 3D centre and size of the object it frames."""
-    return _lift_box(_checked(depth, camera, scale), camera, box, scale, settings)
+    return _lift_boxes(_checked(depth, camera, scale), camera, (box,), scale, settings)[0]
 
 
-def _lift_box(depth: DepthImage, camera: CameraModel, box: Box, scale: int,
-              settings: LiftSettings) -> Lifted:
-    window = _pixel_window(depth.shape, scale, box.x_min, box.x_max, box.y_min, box.y_max,
-                           settings.max_samples)
-    if window is None:
-        return Lifted(False, reason="box lies outside the depth image")
-    rows, cols, stride = window
-    z = depth.metres(rows, cols)  # one contiguous gather; the passes below run faster
-    found = _surface(z, settings, "box")
-    if isinstance(found, Lifted):
-        return found
-    surface, z_ref, n_valid = found
+def _lift_boxes(depth: DepthImage, camera: CameraModel, boxes: Sequence[Box], scale: int,
+                settings: LiftSettings) -> tuple[Lifted, ...]:
+    """Lift every box of a goal in one pass over all their depth samples.
+
+    Why batched: a box is ~1 500 samples, so a numpy call on one box costs about as much in
+    overhead as in work; one call per step for all boxes is measured in PERFORMANCE.md ("3D
+    lifting cost"). The order statistics (one partition per box) stay per box.
+    """
+    lifted: list[Lifted | None] = [None] * len(boxes)
+    windows: list[tuple[int, slice, slice, int, np.ndarray]] = []  # (box, rows, cols, stride, z)
+    for k, box in enumerate(boxes):
+        window = _pixel_window(depth.shape, scale, box.x_min, box.x_max, box.y_min, box.y_max,
+                               settings.max_samples)
+        if window is None:
+            lifted[k] = Lifted(False, reason="box lies outside the depth image")
+            continue
+        rows, cols, stride = window
+        windows.append((k, rows, cols, stride, depth.metres(rows, cols)))
+    if not windows:
+        return tuple(lifted)  # type: ignore[arg-type]
+    sizes = np.array([z.size for *_, z in windows])
+    ends = np.cumsum(sizes).tolist()
+    z_all = np.concatenate([z.ravel() for *_, z in windows])
+    found = _surfaces(z_all, sizes, settings)
     # Back-project through K: depth pixel j's centre is colour pixel (j + 0.5) * scale, i.e.
     # K's pixel coordinate (j + 0.5) * scale - 0.5. Each sample stands for its footprint
     # (stride x stride depth pixels); spreading the samples across it (a golden-ratio offset by
     # row for x, by column for y) makes percentiles of the grid behave like those of the
     # continuous surface, so the range divided by the share it covers is the full extent --
     # without it, quantised percentiles are off by up to a sample on each side.
-    step = stride * scale
-    n_rows, n_cols = z.shape
     ax, ay = _ray_slopes(camera, scale, *depth.shape)
-    slope_x = np.add.outer(_jitter(n_rows) * (step / camera.fx), ax[cols])
-    slope_y = np.add.outer(ay[rows], _jitter(n_cols) * (step / camera.fy))
-    zs = z[surface]
-    n = zs.size
-    xyz = np.empty((3, n), np.float32)
-    np.multiply(slope_x[surface], zs, out=xyz[0])
-    np.multiply(slope_y[surface], zs, out=xyz[1])
+    slope_x = np.empty(z_all.size, np.float32)
+    slope_y = np.empty(z_all.size, np.float32)
+    for (_, rows, cols, stride, z), end in zip(windows, ends, strict=True):
+        step = stride * scale
+        n_rows, n_cols = z.shape
+        np.add.outer(_jitter(n_rows) * (step / camera.fx), ax[cols],
+                     out=slope_x[end - z.size:end].reshape(z.shape))
+        np.add.outer(ay[rows], _jitter(n_cols) * (step / camera.fy),
+                     out=slope_y[end - z.size:end].reshape(z.shape))
+    used = np.flatnonzero(found.surface)  # samples on their box's surface, box after box
+    zs = z_all[used]
+    xyz = np.empty((3, used.size), np.float32)
+    np.multiply(slope_x[used], zs, out=xyz[0])
+    np.multiply(slope_y[used], zs, out=xyz[1])
     xyz[2] = zs
-    k_lo = int(settings.percentile / 100.0 * n)
-    k_hi = n - 1 - k_lo
-    xyz.partition((k_lo, k_hi), axis=1)  # in place: only the two order statistics are needed
-    (x0, y0, z0), (x1, y1, z1) = xyz[:, k_lo].tolist(), xyz[:, k_hi].tolist()
-    # Order statistic k of n uniform samples sits at (k + 1) / (n + 1) of the range on average.
-    spread = (n + 1) / (k_hi - k_lo) if k_hi > k_lo else 1.0
-    return Lifted(True, position=((x0 + x1) / 2.0, (y0 + y1) / 2.0, (z0 + z1) / 2.0),
-                  size=((x1 - x0) * spread, (y1 - y0) * spread, (z1 - z0) * spread),
-                  depth_m=z_ref, valid_pixels=n_valid, used_pixels=n)
+    used_ends = np.searchsorted(used, ends).tolist()
+    for g, (k, *_, z) in enumerate(windows):
+        n_valid = found.n_valid[g]
+        if not found.ok[g]:
+            lifted[k] = Lifted(False, valid_pixels=n_valid, reason=_no_depth(
+                z, n_valid, found.need[g], settings, "box"))
+            continue
+        own = xyz[:, (used_ends[g - 1] if g else 0):used_ends[g]]
+        n = own.shape[1]
+        k_lo = int(settings.percentile / 100.0 * n)
+        k_hi = n - 1 - k_lo
+        own.partition((k_lo, k_hi), axis=1)  # in place: only the two order statistics matter
+        (x0, y0, z0), (x1, y1, z1) = own[:, k_lo].tolist(), own[:, k_hi].tolist()
+        # Order statistic k of n uniform samples sits at (k + 1) / (n + 1) of the range.
+        spread = (n + 1) / (k_hi - k_lo) if k_hi > k_lo else 1.0
+        lifted[k] = Lifted(True, position=((x0 + x1) / 2.0, (y0 + y1) / 2.0, (z0 + z1) / 2.0),
+                           size=((x1 - x0) * spread, (y1 - y0) * spread, (z1 - z0) * spread),
+                           depth_m=found.z_ref[g], valid_pixels=n_valid, used_pixels=n)
+    return tuple(lifted)  # type: ignore[arg-type]
 
 
 def lift_point(
@@ -178,25 +206,73 @@ def lift_point(
     settings: LiftSettings = DEFAULT_SETTINGS,
 ) -> Lifted:
     """Lift a point (colour-image pixels) to the surface point on its ray."""
-    return _lift_point(_checked(depth, camera, scale), camera, point, scale, settings)
+    return _lift_points(_checked(depth, camera, scale), camera, (point,), scale, settings)[0]
 
 
-def _lift_point(depth: DepthImage, camera: CameraModel, point: Point, scale: int,
-                settings: LiftSettings) -> Lifted:
+def lift_points(
+    depth: DepthImage | np.ndarray,
+    camera: CameraModel,
+    points: Sequence[Point],
+    scale: int = 1,
+    settings: LiftSettings = DEFAULT_SETTINGS,
+) -> tuple[Lifted, ...]:
+    """Lift several points of one goal, in order (one batch, like :func:`lift_boxes`)."""
+    return _lift_points(_checked(depth, camera, scale), camera, points, scale, settings)
+
+
+def lift_trajectory(
+    depth: DepthImage | np.ndarray,
+    camera: CameraModel,
+    trajectory: Trajectory,
+    scale: int = 1,
+    settings: LiftSettings = DEFAULT_SETTINGS,
+) -> tuple[Lifted, ...]:
+    """Lift each waypoint of a trajectory (a 3D path; invalid waypoints say why)."""
+    return lift_points(depth, camera, trajectory.points, scale, settings)
+
+
+def _lift_points(depth: DepthImage, camera: CameraModel, points: Sequence[Point], scale: int,
+                 settings: LiftSettings) -> tuple[Lifted, ...]:
     height, width = depth.shape
-    if not (0.0 <= point.x <= width * scale and 0.0 <= point.y <= height * scale):
-        return Lifted(False, reason="point lies outside the depth image")
     half = settings.patch_px // 2
-    j = min(int(point.x / scale), width - 1)
-    i = min(int(point.y / scale), height - 1)
-    i0, j0 = max(i - half, 0), max(j - half, 0)
-    z = depth.metres(slice(i0, i + half + 1), slice(j0, j + half + 1))
-    # The surface at the point: the one holding the point's own pixel when it has depth (on
-    # a steep plane the nearest dominant part of the patch would be off by the patch's slope).
-    found = _surface(z, settings, "point patch", anchor=depth.at(i, j))
-    if isinstance(found, Lifted):
-        return found
-    surface, z_ref, n_valid = found
+    lifted: list[Lifted | None] = [None] * len(points)
+    patches: list[tuple[int, int, int, np.ndarray]] = []  # (point, first row, first column, z)
+    anchors = []
+    for k, point in enumerate(points):
+        if not (0.0 <= point.x <= width * scale and 0.0 <= point.y <= height * scale):
+            lifted[k] = Lifted(False, reason="point lies outside the depth image")
+            continue
+        j = min(int(point.x / scale), width - 1)
+        i = min(int(point.y / scale), height - 1)
+        i0, j0 = max(i - half, 0), max(j - half, 0)
+        z = depth.metres(slice(i0, i + half + 1), slice(j0, j + half + 1))
+        patches.append((k, i0, j0, z))
+        # The surface at the point: the one holding the point's own pixel when it has depth
+        # (on a steep plane the nearest dominant part of the patch would be off by its slope).
+        anchors.append(z[i - i0, j - j0])
+    if not patches:
+        return tuple(lifted)  # type: ignore[arg-type]
+    sizes = np.array([z.size for *_, z in patches])
+    found = _surfaces(np.concatenate([z.ravel() for *_, z in patches]), sizes, settings,
+                      np.array(anchors, np.float64))
+    start = 0
+    for g, (k, i0, j0, z) in enumerate(patches):
+        surface = found.surface[start:start + z.size].reshape(z.shape)
+        start += z.size
+        if not found.ok[g]:
+            lifted[k] = Lifted(False, valid_pixels=found.n_valid[g],
+                               reason=_no_depth(z, found.n_valid[g], found.need[g], settings,
+                                                "point patch"))
+            continue
+        lifted[k] = _point_on_surface(camera, points[k], scale, settings, z, i0, j0, surface,
+                                      found.z_ref[g], found.n_valid[g])
+    return tuple(lifted)  # type: ignore[arg-type]
+
+
+def _point_on_surface(camera: CameraModel, point: Point, scale: int, settings: LiftSettings,
+                      z: np.ndarray, i0: int, j0: int, surface: np.ndarray, z_ref: float,
+                      n_valid: int) -> Lifted:
+    """Place a point on the surface found in its patch ``z`` (first pixel at i0, j0)."""
     r, c = np.nonzero(surface)
     zs = z[r, c]
     z_point = _plane_depth(zs, (c + j0 + 0.5) * scale - point.x,
@@ -220,18 +296,6 @@ def _lift_point(depth: DepthImage, camera: CameraModel, point: Point, scale: int
                   depth_m=z_point, valid_pixels=n_valid, used_pixels=int(r.size))
 
 
-def lift_trajectory(
-    depth: DepthImage | np.ndarray,
-    camera: CameraModel,
-    trajectory: Trajectory,
-    scale: int = 1,
-    settings: LiftSettings = DEFAULT_SETTINGS,
-) -> tuple[Lifted, ...]:
-    """Lift each waypoint of a trajectory (a 3D path; invalid waypoints say why)."""
-    checked = _checked(depth, camera, scale)
-    return tuple(_lift_point(checked, camera, p, scale, settings) for p in trajectory.points)
-
-
 def lift_boxes(
     depth: DepthImage | np.ndarray,
     camera: CameraModel,
@@ -239,9 +303,8 @@ def lift_boxes(
     scale: int = 1,
     settings: LiftSettings = DEFAULT_SETTINGS,
 ) -> tuple[Lifted, ...]:
-    """Lift several boxes of one goal (convenience for the node and replay)."""
-    checked = _checked(depth, camera, scale)
-    return tuple(_lift_box(checked, camera, b, scale, settings) for b in boxes)
+    """Lift several boxes of one goal, in order (one batch: cheaper than box by box)."""
+    return _lift_boxes(_checked(depth, camera, scale), camera, boxes, scale, settings)
 
 
 # --- internals ------------------------------------------------------------------------------
@@ -323,54 +386,89 @@ def _strided(span: tuple[int, int], stride: int) -> slice:
     return slice(start, hi, stride)
 
 
-def _surface(
-    z: np.ndarray, settings: LiftSettings, what: str, anchor: float = math.nan
-) -> tuple[np.ndarray, float, int] | Lifted:
-    """Find the surface in ``z``: (mask, depth, valid count), or an invalid result.
+@dataclass(frozen=True)
+class _Surfaces:
+    """The chosen surface of each segment of a sample array (lists are per segment)."""
 
-    The surface is the one around ``anchor`` when that is a valid depth, else the nearest
-    dominant one.
+    surface: np.ndarray  # mask over all samples: on its segment's surface (False if not ok)
+    z_ref: list[float]  # the surface's depth
+    n_valid: list[int]  # valid samples
+    need: list[int]  # valid samples required
+    ok: list[bool]  # enough valid samples to trust a surface
+
+
+def _surfaces(z: np.ndarray, sizes: np.ndarray, settings: LiftSettings,
+              anchors: np.ndarray | None = None) -> _Surfaces:
+    """Find the surface in each segment of the flat samples ``z`` (segments of ``sizes``).
+
+    A segment's surface is the one around its ``anchors`` entry when that is a valid depth,
+    else the nearest dominant one (module docstring). All segments go through each step in
+    one numpy call: the histograms share one bincount, each segment in its own row.
     """
-    n = z.size
+    # Per-segment values reach the samples by np.repeat (segments are contiguous), which is
+    # ~3x cheaper than indexing with a segment number per sample.
+    count = sizes.size
     z_low = settings.min_m if settings.min_m > 0.0 else _TINY
     valid = (z >= z_low) & (z <= settings.max_m)  # NaN compares false (quietly): skipped too
-    zv = z[valid]
-    n_valid = zv.size
-    need = max(settings.min_valid_pixels, math.ceil(settings.min_valid_fraction * n))
-    if n_valid < need:
-        return Lifted(False, valid_pixels=n_valid, reason=_no_depth(z, n_valid, need, settings,
-                                                                    what))
-    if z_low <= anchor <= settings.max_m:
-        return _refine(z, zv, anchor, settings, n_valid)
-    z_min = float(zv.min())
-    step = math.log1p(settings.bin_rel)
-    bins = np.log(zv)
-    bins -= math.log(z_min)
-    bins *= 1.0 / step
-    counts = np.bincount(bins.astype(np.intp))
-    # Mass within +-2 bins (~ +-2 % of depth): a noisy surface spreads over neighbouring bins.
-    mass = np.correlate(counts, _WINDOW, mode="same")
-    dense = int((mass >= settings.surface_fraction * n_valid).argmax())  # first such bin
-    if mass[dense] >= settings.surface_fraction * n_valid:
+    zv = z[valid]  # the valid samples, still in segment order
+    n_valid = np.add.reduceat(valid, np.cumsum(sizes) - sizes, dtype=np.intp)
+    valid_starts = np.minimum(np.cumsum(n_valid) - n_valid, max(zv.size - 1, 0))
+    need = np.maximum(settings.min_valid_pixels,
+                      np.ceil(settings.min_valid_fraction * sizes).astype(np.intp))
+    ok = n_valid >= need
+    z_peak = np.full(count, math.nan)
+    if anchors is not None:
+        anchored = (anchors >= z_low) & (anchors <= settings.max_m)
+        z_peak[anchored] = anchors[anchored]
+    histogram = ok & np.isnan(z_peak)
+    if histogram.any():
+        # (A segment without valid samples reads a neighbour's minimum: it is not ok anyway.)
+        z_min = np.minimum.reduceat(zv, valid_starts).astype(np.float64)
+        step = math.log1p(settings.bin_rel)
+        bins = np.log(zv)
+        bins -= np.repeat(np.log(z_min).astype(np.float32), n_valid)
+        bins *= 1.0 / step
+        bins = bins.astype(np.intp)
+        width = int(bins.max()) + 5  # 2 empty bins either side: windows stay in their row
+        bins += np.repeat(np.arange(count) * width + 2, n_valid)
+        counts = np.bincount(bins, minlength=count * width).reshape(count, width)
+        # Mass within +-2 bins (~ +-2 % of depth): a noisy surface spreads over neighbouring
+        # bins. mass[:, b] is the window centred on bin b.
+        total = np.zeros((count, width + 1), np.intp)
+        np.cumsum(counts, axis=1, out=total[:, 1:])
+        mass = total[:, 5:] - total[:, :-5]
+        enough = mass >= (settings.surface_fraction * n_valid)[:, None]
+        dense = enough.argmax(axis=1)  # first such bin
+        rows = np.arange(count)
         # The fullest bin in that window. (Not climbing the smoothed mass: two surfaces a few
-        # bins apart merge in it, and its peak would then lie between them.)
-        first = max(dense - 2, 0)
-        peak = first + int(counts[first:dense + 3].argmax())
-    else:  # depth spread thinly (e.g. a floor at a grazing angle): take the densest depth
-        peak = int(mass.argmax())
-    return _refine(z, zv, z_min * math.exp((peak + 0.5) * step), settings, n_valid)
-
-
-def _refine(z: np.ndarray, zv: np.ndarray, z_peak: float, settings: LiftSettings,
-            n_valid: int) -> tuple[np.ndarray, float, int]:
-    """Median of the valid depths near ``z_peak``, and the mask of pixels near that median."""
-    tol = _tolerance(z_peak, settings)
-    near = zv[(zv >= z_peak - tol) & (zv <= z_peak + tol)]
-    z_ref = _median(near) if near.size else z_peak
-    tol = _tolerance(z_ref, settings)
-    z_low = max(z_ref - tol, settings.min_m, _TINY)
-    surface = (z >= z_low) & (z <= min(z_ref + tol, settings.max_m))
-    return surface, z_ref, n_valid
+        # bins apart merge in it, and its peak would then lie between them.) Else depth is
+        # spread thinly (e.g. a floor at a grazing angle): take the densest depth.
+        peak = np.where(enough[rows, dense],
+                        dense - 2 + counts[rows[:, None], dense[:, None] + np.arange(5)]
+                        .argmax(axis=1),
+                        mass.argmax(axis=1))
+        z_peak = np.where(histogram, z_min * np.exp((peak + 0.5) * step), z_peak)
+    # Refine: the median of the valid depths near the peak, then the pixels near that median.
+    # Bounds in float32 like the samples: a float64 bound would split equal depths.
+    tol = np.maximum(settings.surface_tol_m, settings.surface_tol_rel * z_peak)
+    near_peak = zv >= np.repeat((z_peak - tol).astype(np.float32), n_valid)
+    near_peak &= zv <= np.repeat((z_peak + tol).astype(np.float32), n_valid)
+    near = zv[near_peak]
+    near_ends = np.concatenate(([0], np.cumsum(near_peak)))[np.cumsum(n_valid)].tolist()
+    z_ref = z_peak.tolist()
+    start = 0
+    for k, end in enumerate(near_ends):
+        if end > start and ok[k]:
+            z_ref[k] = _median(near[start:end])
+        start = end
+    z_ref_array = np.array(z_ref)
+    tol = np.maximum(settings.surface_tol_m, settings.surface_tol_rel * z_ref_array)
+    low = np.maximum(z_ref_array - tol, max(settings.min_m, _TINY))
+    high = np.minimum(z_ref_array + tol, settings.max_m)
+    low[~ok] = np.inf  # no surface where depth is too sparse to trust
+    surface = z >= np.repeat(low.astype(np.float32), sizes)
+    surface &= z <= np.repeat(high.astype(np.float32), sizes)
+    return _Surfaces(surface, z_ref, n_valid.tolist(), need.tolist(), ok.tolist())
 
 
 def _plane_depth(z: np.ndarray, du: np.ndarray, dv: np.ndarray,

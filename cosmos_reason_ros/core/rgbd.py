@@ -163,10 +163,6 @@ class DepthImage:
             return np.ascontiguousarray(window, dtype=window.dtype.newbyteorder("="))
         return np.multiply(window, np.float32(self.unit_m), dtype=np.float32)
 
-    def at(self, row: int, col: int) -> float:
-        """One pixel's depth in metres (converted as :meth:`metres` converts)."""
-        return float(self.metres(slice(row, row + 1), slice(col, col + 1))[0, 0])
-
 
 def depth_image(
     encoding: str,

@@ -21,6 +21,7 @@ from cosmos_reason_ros.core.lifting import (
     lift_box,
     lift_boxes,
     lift_point,
+    lift_points,
     lift_trajectory,
 )
 from cosmos_reason_ros.core.rgbd import CameraModel, check_registration, depth_image
@@ -445,6 +446,26 @@ def test_lift_boxes_keeps_order():
     boxes = [Box(10, 10, 50, 50), Box(700, 0, 710, 5), Box(300, 200, 340, 280)]
     results = lift_boxes(depth, CAM, boxes)
     assert [r.valid for r in results] == [True, False, True]
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), count=st.integers(1, 8))
+def test_a_batch_lifts_each_item_as_if_it_were_alone(seed: int, count: int):
+    # Boxes and points of a goal are lifted in one pass (one histogram row per item): no item
+    # may see another's samples, whatever mix of surfaces, holes and outside items.
+    rng = np.random.default_rng(seed)
+    depth = np.full((120, 160), rng.uniform(1.0, 6.0), np.float32)
+    for _ in range(4):
+        r, c = rng.integers(0, 120), rng.integers(0, 160)
+        depth[r:r + rng.integers(5, 60), c:c + rng.integers(5, 60)] = rng.uniform(0.05, 12.0)
+    depth[rng.random(depth.shape) < rng.uniform(0.0, 0.95)] = rng.choice([0.0, np.nan])
+    cam = CameraModel(150.0, 150.0, 79.5, 59.5, 160, 120, "cam")
+    corners = rng.uniform(-30.0, 190.0, (count, 2))
+    boxes = [Box(x, y, x + w, y + h) for (x, y), (w, h)
+             in zip(corners, rng.uniform(0.2, 120.0, (count, 2)), strict=True)]
+    points = [Point(x, y) for x, y in rng.uniform(-5.0, 165.0, (count, 2))]
+    assert lift_boxes(depth, cam, boxes) == tuple(lift_box(depth, cam, b) for b in boxes)
+    assert lift_points(depth, cam, points) == tuple(lift_point(depth, cam, p) for p in points)
 
 
 # --- camera model ---------------------------------------------------------------------------
