@@ -183,6 +183,29 @@ def test_report_checks_prefill_targets_on_the_gpu() -> None:
            "3.00x (target >= 3x) | met" in report
 
 
+def test_report_splits_prefill_goals_by_camera_phase_and_checks_the_ttft_spread() -> None:
+    # 16 goals well after a frame (its prefill done) at 25 ms, 4 just after one at 70 ms:
+    # the table shows that the slow goals are those that came while the prefill ran.
+    def goal(phase_s: float, ttft_s: float, newest: bool) -> dict:
+        return {"phase": "prefill", "mode": "node", "prefill": True, "setting": "on+ready",
+                "ok": True, "ttft_s": ttft_s + 0.005, "node_ttft_s": ttft_s,
+                "camera_phase_s": phase_s, "on_newest_frame": newest}
+
+    samples = [goal(0.06 + 0.008 * i, 0.025, True) for i in range(16)]
+    samples += [goal(0.01 * i, 0.070, False) for i in range(1, 5)]
+    samples.append({**goal(0.01, 0.5, False), "warmup": True})  # left out
+    report = bs.render_report({"meta": {"device": "gpu"}, "samples": samples, "extra": {}})
+    assert "| on+ready | 0-50 ms | 4 | 0 | 70.0 | 70.0 |" in report
+    assert "| on+ready | 50-100 ms | 5 | 5 | 25.0 | 25.0 |" in report
+    assert "| on+ready | 100-150 ms | 7 | 7 | 25.0 | 25.0 |" in report
+    assert "| on+ready | 150-200 ms | 4 | 4 | 25.0 | 25.0 |" in report
+    assert "node TTFT p95 / p50, prefill on+ready, camera streaming (20 goals) | 2.80x " \
+           "(target <= 1.5x) | MISSED" in report
+    fast = [s for s in samples if s["node_ttft_s"] == 0.025] * 2
+    assert "(32 goals) | 1.00x (target <= 1.5x) | met" in bs.render_report(
+        {"meta": {"device": "gpu"}, "samples": fast, "extra": {}})
+
+
 def test_lifting_phase_lifts_every_box_and_the_report_checks_the_target() -> None:
     from cosmos_reason_ros.bench.phases import lifting
 

@@ -8,6 +8,7 @@ against what users do today, interleaved in one run.
 from __future__ import annotations
 
 import contextlib
+import math
 import threading
 import time
 from typing import TYPE_CHECKING
@@ -41,6 +42,9 @@ def run(bench: Bench, results: Results) -> None:
     size = (1280, 720) if (1280, 720) in bench.sizes else bench.sizes[0]
     base = picture(size[0], size[1], bench.next_seed())
     stop = threading.Event()
+    # (monotonic time, stamp) of the newest frame published: where in the camera's period a
+    # goal came, and whether it was answered on that frame or an older, prefilled one.
+    newest = [(math.nan, 0)]
 
     def camera() -> None:
         i = 0
@@ -49,9 +53,11 @@ def run(bench: Bench, results: Results) -> None:
             # is in the engine's caches unless a prefill or an earlier goal put it there.
             frame = base.copy()
             frame[:32, :32] = (i % 251, (i // 251) % 251, 255)
-            msg = bench.ros.image_msg(frame, bench.ros.now_ns())
+            stamp_ns = bench.ros.now_ns()
+            msg = bench.ros.image_msg(frame, stamp_ns)
             for topic in topics:
                 bench.ros.cameras[topic].publish(msg)
+            newest[0] = (time.monotonic(), stamp_ns)
             i += 1
             stop.wait(0.2)
 
@@ -82,10 +88,13 @@ def run(bench: Bench, results: Results) -> None:
                     # At a random phase of the camera, as goals come in practice: the
                     # newest frame may be prefilled, in prefill, or not yet seen.
                     stop.wait(0.35)
+                    published_at, newest_stamp = newest[0]
+                    camera_phase_s = time.monotonic() - published_at
                     out = bench.ros.node_submit(PROMPT, LENGTHS["short"])()
                     results.sample(phase="prefill", mode="node", prefill=enabled,
                                    setting=setting, size=size_name(size), round=r,
-                                   warmup=r < 0, **out)
+                                   warmup=r < 0, camera_phase_s=camera_phase_s,
+                                   on_newest_frame=out.get("stamp_ns") == newest_stamp, **out)
                 stop.wait(0.35)
                 _prefill_batch(bench, results, setting, size, r)
             rounds += r >= 0
