@@ -185,6 +185,9 @@ def test_smoke_run_records_samples_for_every_mode(tmp_path: Path, tiny_qwen3_vl:
     assert statuses["prefill"] == "ran", data["modes"]["prefill"]
     assert {s["prefill"] for s in measured
             if s["phase"] == "prefill" and s["mode"] == "node"} == {True, False}
+    # ... each goal placed in the camera's period (a frame every 0.2 s, its prefill after it)
+    assert all(s["camera_phase_s"] >= 0.0 and isinstance(s["on_newest_frame"], bool)
+               for s in measured if s["phase"] == "prefill" and s["mode"] == "node")
     # P2: the baseline, fed by the same camera, in the same rotation
     assert any(s["phase"] == "prefill" and s["mode"] == "baseline" for s in measured)
     assert {b["prefill"] for b in data["batches"]
@@ -199,4 +202,5 @@ def test_smoke_run_records_samples_for_every_mode(tmp_path: Path, tiny_qwen3_vl:
         assert (asked[1]["images"], asked[2]["images"]) == (1, 2), mode
     report = (out / "results.md").read_text()
     assert "## Latency" in report and "## Targets" in report and "## Second camera" in report
+    assert "goal came after the newest frame" in report
     assert (out / "latency.png").stat().st_size > 0
