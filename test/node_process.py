@@ -90,8 +90,13 @@ class NodeProcess:
 
     @property
     def output(self) -> str:
-        """Everything the node printed so far."""
+        """Everything the node printed so far (all of it, once the process has exited)."""
         with self._cond:
+            if self.proc.poll() is not None:
+                # The reader thread takes the pipe's last lines after the exit: a CI run read
+                # an empty output right after wait() returned. (Bounded: a surviving child
+                # holding the pipe open keeps EOF away.)
+                self._cond.wait_for(lambda: self._eof, 5.0)
             return "\n".join(self.lines)
 
     def wait_for_line(self, needle: str, timeout_s: float) -> bool:
