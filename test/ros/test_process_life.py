@@ -262,7 +262,6 @@ class IO:
         self.side = SpunNode("process_life_io")
         self.cond = threading.Condition()
         self.results: list[ReasoningResult] = []
-        self.fed: dict[str, float] = {}  # prompt -> when its goal last sent feedback
         self.side.node.create_subscription(ReasoningResult, "/cosmos_reason/results",
                                            self._on_result, 50)
         self.client = ReasonClient("/cosmos_reason/reason")
@@ -290,16 +289,10 @@ class IO:
         return handle
 
     def reach(self, goal: Goal, stage: str, min_tokens: int = 0):
-        """Send ``goal``; return its handle once its feedback reports ``stage`` or it ended.
-
-        The time of the goal's latest feedback is kept in ``fed[goal.prompt]``.
-        """
+        """Send ``goal``; return its handle once its feedback reports ``stage`` or it ended."""
         reached = threading.Event()
 
         def on_feedback(fb: Feedback) -> None:
-            with self.cond:
-                self.fed[goal.prompt] = time.monotonic()
-                self.cond.notify_all()
             if fb.stage == stage and fb.output_tokens >= min_tokens:
                 reached.set()
 
@@ -328,12 +321,21 @@ def test_ctrl_c_while_serving_ends_every_goal_with_its_result(tiny_qwen3_vl):
     """
     # The generating goal must outlast the set-up of the queued one: 7000 tokens in an
     # 8192-token context, 20-30 s here. A starved CI client once saw the queued goal's
-    # feedback only after even that had ended (3000 tokens did often), so the pair is sent
-    # again until both states hold at once.
-    node, tree = start_node(tiny_qwen3_vl, {"limits.max_concurrent_goals": 2,
-                                            "limits.max_queued_goals": 2,
-                                            "engine.max_model_len": 8192,
-                                            "limits.max_tokens": LONG_TOKENS})
+    # feedback only after even that answer had ended, so the node's own account of the
+    # moment of the signal decides whether the scenario held; if not, it runs again.
+    for attempt in range(1, 3):
+        if _ctrl_c_while_serving(tiny_qwen3_vl):
+            return
+        print(f"\nattempt {attempt}: the {LONG_TOKENS}-token answer ended before the signal")
+    pytest.fail("twice the generating goal ended before the signal (a starved machine)")
+
+
+def _ctrl_c_while_serving(model) -> bool:
+    """Run the scenario; False when the node was not serving 2 goals with 1 queued at SIGINT."""
+    node, tree = start_node(model, {"limits.max_concurrent_goals": 2,
+                                    "limits.max_queued_goals": 2,
+                                    "engine.max_model_len": 8192,
+                                    "limits.max_tokens": LONG_TOKENS})
     io: IO | None = None
     try:
         node.wait_ready()
@@ -343,26 +345,14 @@ def test_ctrl_c_while_serving_ends_every_goal_with_its_result(tiny_qwen3_vl):
         waiting = io.submit(ReasonClient.goal("Next?", source=Goal.SOURCE_NEXT,
                                               wait_for_image_s=120.0, max_tokens=4),
                             Feedback.STAGE_WAITING_FOR_IMAGE)
-        for attempt in range(3):
-            generating = io.submit(ReasonClient.goal(
-                "Long.", source=Goal.SOURCE_GOAL_IMAGE, image=rgb_image_msg(scene(64, 48), 1),
-                response_schema=ENDLESS_SCHEMA, max_tokens=LONG_TOKENS),
-                Feedback.STAGE_GENERATING, min_tokens=1)
-            queued = io.reach(ReasonClient.goal("Later?", source=Goal.SOURCE_GOAL_IMAGE,
-                                                image=rgb_image_msg(scene(64, 48), 2),
-                                                max_tokens=4),
-                              Feedback.STAGE_QUEUED)  # both slots are taken: it waits
-            seen = time.monotonic()
-            with io.cond:  # the generation still ran after the queued goal was seen
-                still = io.cond.wait_for(lambda seen=seen: io.fed["Long."] > seen, 10.0)
-            if still and not (generating.future.done() or queued.future.done()):
-                break
-            print(f"\nattempt {attempt + 1}: the {LONG_TOKENS}-token answer ended before "
-                  f"the queued goal was seen; sending both again")
-            for handle in (generating, queued):
-                assert handle.result(120).ok
-        else:
-            pytest.fail("three times the generating goal ended before the queued one was seen")
+        generating = io.submit(ReasonClient.goal(
+            "Long.", source=Goal.SOURCE_GOAL_IMAGE, image=rgb_image_msg(scene(64, 48), 1),
+            response_schema=ENDLESS_SCHEMA, max_tokens=LONG_TOKENS),
+            Feedback.STAGE_GENERATING, min_tokens=1)
+        queued = io.reach(ReasonClient.goal("Later?", source=Goal.SOURCE_GOAL_IMAGE,
+                                            image=rgb_image_msg(scene(64, 48), 2),
+                                            max_tokens=4),
+                          Feedback.STAGE_QUEUED)  # both slots are taken: it waits
         t_signal = time.monotonic()
         os.killpg(node.proc.pid, signal.SIGINT)
         ended = {name: (handle.result(EXIT_BOUND_S), time.monotonic() - t_signal)
@@ -370,6 +360,8 @@ def test_ctrl_c_while_serving_ends_every_goal_with_its_result(tiny_qwen3_vl):
                                       ("queued", queued))}
         code, _ = wait_exit(node)
         exit_s = time.monotonic() - t_signal
+        if "SIGINT received: stopping (goals_running=2 goals_queued=1)" not in node.output:
+            return False
         # The queued goal may take a slot freed by the others before it sees the stop, and
         # then ends "during generation".
         where = {"waiting": "while waiting for an image", "generating": "during generation",
@@ -387,9 +379,9 @@ def test_ctrl_c_while_serving_ends_every_goal_with_its_result(tiny_qwen3_vl):
         assert code == 0, node.output[-3000:]
         print(f"SIGINT to exit: {exit_s:.2f} s; descendants seen: "
               f"{len(tree.seen())} ({', '.join(tree.names())})")
-        assert "SIGINT received: stopping (goals_running=2 goals_queued=1)" in node.output
         assert_nothing_survives(node, tree)
         assert_quiet(node.output)
+        return True
     finally:
         if io is not None:
             io.close()
