@@ -31,7 +31,6 @@ from action_msgs.msg import GoalStatus  # noqa: E402
 from fake_engine import FakeEngine, Script  # noqa: E402
 from inprocess_node import InProcessNode, image_msg  # noqa: E402
 from node_process import (  # noqa: E402
-    ENDLESS_SCHEMA,
     REPO_ROOT,
     NodeProcess,
     ProcessTree,
@@ -53,7 +52,10 @@ pytestmark = [pytest.mark.ros]
 Goal = Reason.Goal
 Feedback = Reason.Feedback
 ENGINE_PROCESSES = {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
-LONG_TOKENS = 7000
+# The generating goal of the Ctrl-C test: every goal generates exactly its max_tokens
+# (limits.fixed_output_length), 32 000 tokens of a 32 768-token context, a minute or more here;
+# 7 000 tokens (~15 s) once ended before a starved client had seen them start.
+LONG_TOKENS, LONG_CONTEXT = 32000, 32768
 GRACE_S = 5.0  # no descendant may be alive this long after the node ended
 EXIT_BOUND_S = 15.0  # signal to exit, on a loaded 2-core machine (measured: RELIABILITY.md)
 
@@ -319,10 +321,9 @@ def test_ctrl_c_while_serving_ends_every_goal_with_its_result(tiny_qwen3_vl):
 
     Ctrl-C in a terminal reaches the node's whole process group, the engine's processes too.
     """
-    # The generating goal must outlast the set-up of the queued one: 7000 tokens in an
-    # 8192-token context, 20-30 s here. A starved CI client once saw the queued goal's
-    # feedback only after even that answer had ended, so the node's own account of the
-    # moment of the signal decides whether the scenario held; if not, it runs again.
+    # The generating goal must outlast the set-up of the queued one (LONG_TOKENS). The node's
+    # own account of the moment of the signal decides whether the scenario held; if not
+    # (a starved machine), it runs again.
     for attempt in range(1, 3):
         if _ctrl_c_while_serving(tiny_qwen3_vl):
             return
@@ -334,8 +335,9 @@ def _ctrl_c_while_serving(model) -> bool:
     """Run the scenario; False when the node was not serving 2 goals with 1 queued at SIGINT."""
     node, tree = start_node(model, {"limits.max_concurrent_goals": 2,
                                     "limits.max_queued_goals": 2,
-                                    "engine.max_model_len": 8192,
-                                    "limits.max_tokens": LONG_TOKENS})
+                                    "engine.max_model_len": LONG_CONTEXT,
+                                    "limits.max_tokens": LONG_TOKENS,
+                                    "limits.fixed_output_length": True})
     io: IO | None = None
     try:
         node.wait_ready()
@@ -347,7 +349,7 @@ def _ctrl_c_while_serving(model) -> bool:
                             Feedback.STAGE_WAITING_FOR_IMAGE)
         generating = io.submit(ReasonClient.goal(
             "Long.", source=Goal.SOURCE_GOAL_IMAGE, image=rgb_image_msg(scene(64, 48), 1),
-            response_schema=ENDLESS_SCHEMA, max_tokens=LONG_TOKENS),
+            max_tokens=LONG_TOKENS),
             Feedback.STAGE_GENERATING, min_tokens=1)
         queued = io.reach(ReasonClient.goal("Later?", source=Goal.SOURCE_GOAL_IMAGE,
                                             image=rgb_image_msg(scene(64, 48), 2),
