@@ -38,15 +38,16 @@ pytestmark = [pytest.mark.ros, pytest.mark.engine, pytest.mark.slow]
 Goal = Reason.Goal
 Feedback = Reason.Feedback
 MAX_RUNNING, MAX_QUEUED = 50, 32
-# The mass-cancel drill (issue #25): 50 goals generating long answers (7 000 of 8 192 tokens of
-# context), cancelled at once. The node logs each cancel request as it arrives; the drill
-# prints both parts (delivery, then the node's and the engine's). The target is 2 s. Loaded CI
-# runs took up to 4.8 s from the last arrival to an idle engine, and the delivery of the 50
-# requests up to 15.1 s (DDS reliable repair; docs/RELIABILITY.md, "Mass cancel"). So the
-# drill bounds each part: 10 s after the last arrival (a lost abort would go on generating its
-# 7 000 tokens, 20 s or more here) and 30 s after the client's cancel (the minute-long stall
-# that a feedback flood caused).
-CANCEL_BURST, CANCEL_TOKENS = 50, 7000
+# The mass-cancel drill (issue #25): 50 goals generating long answers (32 000 of 32 768 tokens
+# of context, fixed output length), cancelled at once. The node logs each cancel request as it
+# arrives; the drill prints both parts (delivery, then the node's and the engine's). The target
+# is 2 s. Loaded CI runs took up to 4.8 s from the last arrival to an idle engine, and the
+# delivery of the 50 requests up to 15.1 s (DDS reliable repair; docs/RELIABILITY.md, "Mass
+# cancel"). So the drill bounds each part: 10 s after the last arrival (a lost abort would go
+# on generating its 32 000 tokens, a minute or more) and 30 s after the client's cancel (the
+# minute-long stall that a feedback flood caused). With 7 000 tokens a loaded CI run once saw
+# the first goal end its answer before the last of the 50 had started generating.
+CANCEL_BURST, CANCEL_TOKENS, CANCEL_CONTEXT = 50, 32000, 32768
 CANCEL_NODE_IDLE_S, CANCEL_IDLE_S = 10.0, 30.0
 
 
@@ -66,6 +67,13 @@ class IO:
         self.node.create_subscription(ReasoningResult, f"/{node_name}/results",
                                       self._on_result, 300)
         self.node.create_subscription(DiagnosticArray, "/diagnostics", self._on_diag, 10)
+        # The action's feedback as a second subscriber sees it (goal id: messages, last
+        # stage, last token count): tells a goal whose feedback the node never published
+        # from one whose feedback the client did not hand on.
+        self.feedback_seen: dict[str, tuple[int, int, int]] = {}
+        self.node.create_subscription(Reason.Impl.FeedbackMessage,
+                                      f"/{node_name}/reason/_action/feedback",
+                                      self._on_feedback, 256)
         self.client = ReasonClient(f"/{node_name}/reason")  # own participant
         self._camera_stop: threading.Event | None = None
 
@@ -73,6 +81,13 @@ class IO:
         with self.cond:
             self.results.append(msg)
             self.cond.notify_all()
+
+    def _on_feedback(self, msg: Reason.Impl.FeedbackMessage) -> None:
+        goal_id = bytes(msg.goal_id.uuid).hex()
+        with self.cond:
+            count = self.feedback_seen.get(goal_id, (0, 0, 0))[0]
+            self.feedback_seen[goal_id] = (count + 1, msg.feedback.stage,
+                                           msg.feedback.output_tokens)
 
     def _on_diag(self, msg: DiagnosticArray) -> None:
         with self.cond:
@@ -133,11 +148,34 @@ def image_goal(prompt: str = "Describe it.", **fields) -> Goal:
                              image=rgb_image_msg(scene(64, 48), 1), **fields)
 
 
-def generating(handles_feedback: threading.Event):
-    def on_feedback(fb: Feedback) -> None:
+class Watch:
+    """A goal's feedback callback: ``started`` is set once the goal generates tokens."""
+
+    def __init__(self) -> None:
+        self.started = threading.Event()
+        self.messages = 0
+        self.last: tuple[int, int, float] | None = None  # stage, tokens, the node's elapsed_s
+
+    def __call__(self, fb: Feedback) -> None:
+        self.messages += 1
+        self.last = (fb.stage, fb.output_tokens, round(fb.elapsed_s, 2))
         if fb.stage == Feedback.STAGE_GENERATING and fb.output_tokens > 0:
-            handles_feedback.set()
-    return on_feedback
+            self.started.set()
+
+    def account(self, handle, io: IO, node: NodeProcess) -> dict:
+        """Where the goal stands, as the client, a second subscriber and the node see it."""
+        goal_id = bytes(handle._ros_handle.goal_id.uuid).hex() if handle._ros_handle else None
+        with io.cond:
+            published = [f"{ErrorCode(m.error_code).name}: {m.error_message}"
+                         for m in io.results if goal_id and m.goal_id == goal_id]
+            seen = io.feedback_seen.get(goal_id)
+        return {"sent": handle.sent, "goal_id": goal_id,
+                "client feedback (messages, last)": (self.messages, self.last),
+                "second subscriber's feedback (messages, stage, tokens)": seen,
+                "result": handle.result(0).status if handle.future.done() else None,
+                "on ~/results": published,
+                "node log": [ln for ln in node.output.splitlines()
+                             if goal_id and goal_id[:8] in ln][-3:]}
 
 
 # --- a remote vllm server: down at start, up later, killed mid-stream -----------------------
@@ -194,10 +232,10 @@ def test_remote_server_down_then_up_then_killed_mid_stream(tiny_qwen3_vl):
                                             max_tokens=64), 120)
         assert grounded.ok, grounded.error_message
 
-        started = threading.Event()
+        watch = Watch()
         long = io.client.submit(image_goal("Long.", response_schema=ENDLESS_SCHEMA,
-                                           max_tokens=ENDLESS_TOKENS), generating(started))
-        assert started.wait(60)
+                                           max_tokens=ENDLESS_TOKENS), watch)
+        assert watch.started.wait(60), watch.account(long, io, node)
         time.sleep(0.3)
         t_kill = time.monotonic()
         server.kill()
@@ -236,11 +274,12 @@ def node(tiny_qwen3_vl):
     # The engine core in its own process (vLLM's default), so a drill can kill it.
     proc = NodeProcess("cpu_demo", {
         "engine.model": str(tiny_qwen3_vl), "limits.max_concurrent_goals": MAX_RUNNING,
-        **ENDLESS_LIMITS, "limits.max_tokens": CANCEL_TOKENS, "engine.max_model_len": 8192,
-        # 50 x 8 192 tokens of KV cache (the tiny model: 1 KB a token): with the preset's 256 MB
-        # a goal admitted late on a starved machine waited behind the others' growing answers
-        # and had not started when the drill cancelled.
-        "engine.max_num_seqs": 64, "engine.kv_cache_memory_bytes": 512 * 2**20,
+        **ENDLESS_LIMITS, "limits.max_tokens": CANCEL_TOKENS, "limits.fixed_output_length": True,
+        "engine.max_model_len": CANCEL_CONTEXT,
+        # 1 M tokens of KV cache (the tiny model: 1 KB a token): with the preset's 256 MB a goal
+        # admitted late on a starved machine waited behind the others' growing answers and had
+        # not started when the drill cancelled.
+        "engine.max_num_seqs": 64, "engine.kv_cache_memory_bytes": 2**30,
         "limits.max_queued_goals": MAX_QUEUED,
         "image.qos_reliability": "reliable", "image.qos_depth": 10, "image.max_age_s": 1.0,
         "diagnostics.period_s": 0.25, "diagnostics.camera_warn_s": 1.0,
@@ -294,19 +333,20 @@ def test_100_goals_at_once_every_goal_gets_a_result(io):
 # ending TIMEOUT: limits.feedback_total_rate_hz (docs/RELIABILITY.md, "Mass cancel").
 @pytest.mark.every_distro
 def test_goals_cancelled_at_once_leave_the_engine_idle(node, io):
-    started = [threading.Event() for _ in range(CANCEL_BURST)]
-    handles = [io.client.submit(image_goal("Write a lot.", response_schema=ENDLESS_SCHEMA,
-                                           max_tokens=CANCEL_TOKENS), generating(e))
-               for e in started]
+    watches = [Watch() for _ in range(CANCEL_BURST)]
+    # Each goal's time limit outlasts the wait for all 50 to start (180 s), so a goal that
+    # started first cannot end TIMEOUT while the last ones start on a starved machine.
+    handles = [io.client.submit(image_goal("Write a lot.", max_tokens=CANCEL_TOKENS,
+                                           timeout_s=600.0), w) for w in watches]
     deadline = time.monotonic() + 180
-    waiting = [i for i, e in enumerate(started) if not e.wait(max(0, deadline - time.monotonic()))]
+    waiting = [i for i, w in enumerate(watches)
+               if not w.started.wait(max(0, deadline - time.monotonic()))]
     if waiting:
         with io.cond:
             last = values(io.diagnostics[-1][1]) if io.diagnostics else {}
-        ended = {i: (handles[i].result(0).status, handles[i].result(0).error_message)
-                 for i in waiting if handles[i].future.done()}
+        late = {i: watches[i].account(handles[i], io, node) for i in waiting}
         pytest.fail(f"{len(waiting)} of {CANCEL_BURST} goals had not started generating after "
-                    f"180 s: {waiting}; ended meanwhile: {ended}; node: "
+                    f"180 s: {late}; node: "
                     f"{ {k: v for k, v in last.items() if k.startswith(('goals', 'engine'))} }")
     time.sleep(0.5)
     t_cancel, wall_cancel = time.monotonic(), time.time()
@@ -375,12 +415,10 @@ def test_dead_engine_core_fails_goals_fast_and_the_node_stays_up(io, node):
     cores = [p for p in psutil.Process(node.proc.pid).children(recursive=True)
              if "EngineCore" in " ".join(p.cmdline())]
     assert len(cores) == 1, [p.cmdline() for p in psutil.Process(node.proc.pid).children()]
-    started = threading.Event()
+    watch = Watch()
     running = io.client.submit(image_goal("Long.", response_schema=ENDLESS_SCHEMA,
-                                          max_tokens=ENDLESS_TOKENS), generating(started))
-    # Once in a CI run it did not start within 60 s; the node's log says why next time.
-    assert started.wait(120), (running.future.done() and running.result(0),
-                               node.output[-4000:])
+                                          max_tokens=ENDLESS_TOKENS), watch)
+    assert watch.started.wait(120), watch.account(running, io, node)
     t_kill = time.monotonic()
     cores[0].kill()
     mid = running.result(60)
