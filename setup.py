@@ -9,7 +9,8 @@ setup(
     version="0.1.0",
     packages=find_packages(exclude=["test", "test.*"]),
     # The console's page (HTML, CSS, JavaScript), served from the installed package.
-    package_data={"cosmos_reason_ros.console": ["static/*"]},
+    package_data={"cosmos_reason_ros.console": ["static/*"],
+                  "cosmos_reason_ros.ros": ["*.xml"]},
     data_files=[
         ("share/ament_index/resource_index/packages", [f"resource/{package_name}"]),
         (f"share/{package_name}", ["package.xml"]),

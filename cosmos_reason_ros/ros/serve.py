@@ -18,7 +18,7 @@ from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
 from rclpy.signals import SignalHandlerOptions
 
 from cosmos_reason_ros.core.types import CosmosReasonError
-from cosmos_reason_ros.ros import lifecycle, process_life
+from cosmos_reason_ros.ros import dds, lifecycle, process_life
 from cosmos_reason_ros.ros.config import ConfigError
 from cosmos_reason_ros.ros.node import NODE_NAME, ReasonNode
 
@@ -31,10 +31,12 @@ def serve(args: list[str] | None = None) -> NoReturn:
     result before the action server goes (``ReasonNode.close``). No process started by the
     node outlives it, however it ends (``process_life``).
     """
+    dds_profile = dds.use_writer_profile()  # before the first participant
     rclpy.init(args=args, signal_handler_options=SignalHandlerOptions.NO)
     signals = process_life.StopSignals()
     process_life.own_spawned_processes()
     logger = rclpy.logging.get_logger(NODE_NAME)
+    logger.info(dds_profile)
     node: ReasonNode | None = None
     executor: MultiThreadedExecutor | None = None
     code = 0

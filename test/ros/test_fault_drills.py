@@ -49,6 +49,7 @@ MAX_RUNNING, MAX_QUEUED = 50, 32
 # the first goal end its answer before the last of the 50 had started generating.
 CANCEL_BURST, CANCEL_TOKENS, CANCEL_CONTEXT = 50, 32000, 32768
 CANCEL_NODE_IDLE_S, CANCEL_IDLE_S = 10.0, 30.0
+LATE_RESULT_GOALS, LATE_RESULT_TOKENS, LATE_RESULT_BOUND_S = 6, 3000, 1.5
 
 
 class IO:
@@ -174,8 +175,10 @@ class Watch:
                 "second subscriber's feedback (messages, stage, tokens)": seen,
                 "result": handle.result(0).status if handle.future.done() else None,
                 "on ~/results": published,
+                "client spinning": io.client._thread.is_alive(),
+                # the goal's own lines, or the node's last ones while its id is not known
                 "node log": [ln for ln in node.output.splitlines()
-                             if goal_id and goal_id[:8] in ln][-3:]}
+                             if goal_id is None or goal_id[:8] in ln][-3 if goal_id else -12:]}
 
 
 # --- a remote vllm server: down at start, up later, killed mid-stream -----------------------
@@ -382,6 +385,22 @@ def test_goals_cancelled_at_once_leave_the_engine_idle(node, io):
     assert io.client.run(image_goal(), 60).ok
 
 
+# Before the node's Fast DDS writer profile (ros/dds.py), 2-3 of 8 such results reached the
+# client 3.02 s after the node had ended the goal, idle machine or not: a lost sample waited
+# for the writer's next heartbeat (3 s). With it: 0.01-0.32 s (docs/RELIABILITY.md, "Late
+# results: DDS repair"). The bound sits between the two.
+def test_long_answers_reach_the_client_right_after_the_node_ends_them(io):
+    late = []
+    for _ in range(LATE_RESULT_GOALS):
+        t0 = time.monotonic()
+        r = io.client.run(image_goal("Long.", max_tokens=LATE_RESULT_TOKENS), 120)
+        assert r.ok, r.error_message
+        late.append(time.monotonic() - t0 - r.message.total_s)
+    print(f"\n{LATE_RESULT_GOALS} results of {LATE_RESULT_TOKENS} tokens reached the client "
+          f"{', '.join(f'{s:.2f}' for s in sorted(late))} s after the node ended the goal")
+    assert max(late) < LATE_RESULT_BOUND_S
+
+
 def test_camera_going_silent_is_reported_and_goals_stay_specific(io):
     io.camera_on()
     assert io.wait_diag(lambda s: values(s).get("frames_received", "0") != "0", 10)
@@ -415,9 +434,10 @@ def test_dead_engine_core_fails_goals_fast_and_the_node_stays_up(io, node):
     cores = [p for p in psutil.Process(node.proc.pid).children(recursive=True)
              if "EngineCore" in " ".join(p.cmdline())]
     assert len(cores) == 1, [p.cmdline() for p in psutil.Process(node.proc.pid).children()]
+    # A goal of a minute or more: its feedback can stall for seconds under load (RELIABILITY.md,
+    # "Late results: DDS repair"), and the kill must come while it generates.
     watch = Watch()
-    running = io.client.submit(image_goal("Long.", response_schema=ENDLESS_SCHEMA,
-                                          max_tokens=ENDLESS_TOKENS), watch)
+    running = io.client.submit(image_goal("Long.", max_tokens=CANCEL_TOKENS), watch)
     assert watch.started.wait(120), watch.account(running, io, node)
     t_kill = time.monotonic()
     cores[0].kill()
