@@ -337,14 +337,23 @@ def test_100_goals_at_once_every_goal_gets_a_result(io):
 @pytest.mark.every_distro
 def test_goals_cancelled_at_once_leave_the_engine_idle(node, io):
     watches = [Watch() for _ in range(CANCEL_BURST)]
+    wall_submit = time.time()
     # Each goal's time limit outlasts the wait for all 50 to start (180 s), so a goal that
     # started first cannot end TIMEOUT while the last ones start on a starved machine.
     handles = [io.client.submit(image_goal("Write a lot.", max_tokens=CANCEL_TOKENS,
                                            timeout_s=600.0), w) for w in watches]
+    # Under way: every goal seen generating by the client, or all 50 requests inside vLLM by
+    # the node's own count (a goal's feedback can stall for a minute under load).
+    def all_in_engine() -> bool:
+        with io.cond:
+            return any(int(n) >= CANCEL_BURST for t, n in io.engine_counts if t > wall_submit)
+
     deadline = time.monotonic() + 180
-    waiting = [i for i, w in enumerate(watches)
-               if not w.started.wait(max(0, deadline - time.monotonic()))]
-    if waiting:
+    while not all(w.started.is_set() for w in watches) and not all_in_engine() \
+            and time.monotonic() < deadline:
+        time.sleep(0.1)
+    waiting = [i for i, w in enumerate(watches) if not w.started.is_set()]
+    if waiting and not all_in_engine():
         with io.cond:
             last = values(io.diagnostics[-1][1]) if io.diagnostics else {}
         late = {i: watches[i].account(handles[i], io, node) for i in waiting}
@@ -355,14 +364,22 @@ def test_goals_cancelled_at_once_leave_the_engine_idle(node, io):
     t_cancel, wall_cancel = time.monotonic(), time.time()
     for h in handles:
         h.cancel()
-    results = [h.result(60) for h in handles]
+    results = [h.result(120) for h in handles]
     took = time.monotonic() - t_cancel
-    statuses = [(r.status, r.error_code) for r in results]
-    print(f"\n{CANCEL_BURST} generating goals cancelled at once: all ended canceled "
-          f"{took:.2f} s after the cancel")
-    assert statuses == [("canceled", ErrorCode.CANCELLED)] * CANCEL_BURST, [
+    # A goal the node ended before its cancel request reached it (by the node's own log) ended
+    # rightly 'succeeded': the node's feedback can stall for a minute on a loaded machine
+    # (RELIABILITY.md, "Late results: DDS repair"), so the first goal can run its whole
+    # answer before the client has seen the last one start. Every other goal must end
+    # CANCELLED, and nearly all of them must be in the burst.
+    ended_first = [r for r in results if r.status != "canceled" and _ended_before_cancel(node, r)]
+    cancelled = [r for r in results if r.status == "canceled"]
+    print(f"\n{len(cancelled)} of {CANCEL_BURST} generating goals ended canceled {took:.2f} s "
+          f"after the cancel; {len(ended_first)} had ended before their cancel reached the node")
+    assert all(r.error_code is ErrorCode.CANCELLED for r in cancelled)
+    assert len(cancelled) + len(ended_first) == CANCEL_BURST, [
         (r.status, r.message.finish_reason, r.message.output_tokens, r.message.answer[:60])
         for r in results if r.status != "canceled"]
+    assert len(cancelled) >= CANCEL_BURST * 9 // 10
     # vLLM's own unfinished-request count, through diagnostics, drops to zero: when, by the
     # node's stamp (the wall clock of this machine), not when this process took the message.
     def idle_at() -> float | None:
@@ -372,9 +389,9 @@ def test_goals_cancelled_at_once_leave_the_engine_idle(node, io):
         assert io.cond.wait_for(lambda: idle_at() is not None, CANCEL_IDLE_S), \
             f"the engine still runs requests {CANCEL_IDLE_S} s after the mass cancel"
         idle = idle_at()
-    arrivals = node.logged_at("cancel requested", since=wall_cancel, count=CANCEL_BURST,
+    arrivals = node.logged_at("cancel requested", since=wall_cancel, count=len(cancelled),
                               timeout_s=10.0)
-    assert len(arrivals) == CANCEL_BURST, f"{len(arrivals)} cancel requests logged"
+    assert len(arrivals) >= len(cancelled), f"{len(arrivals)} cancel requests logged"
     first, last = min(arrivals), max(arrivals)
     print(f"cancel requests reached the node {first - wall_cancel:+.2f} to "
           f"{last - wall_cancel:+.2f} s after the client sent them; engine idle "
@@ -385,9 +402,17 @@ def test_goals_cancelled_at_once_leave_the_engine_idle(node, io):
     assert io.client.run(image_goal(), 60).ok
 
 
-# Before the node's Fast DDS writer profile (ros/dds.py), 2-3 of 8 such results reached the
-# client 3.02 s after the node had ended the goal, idle machine or not: a lost sample waited
-# for the writer's next heartbeat (3 s). With it: 0.01-0.32 s (docs/RELIABILITY.md, "Late
+def _ended_before_cancel(node: NodeProcess, r) -> bool:
+    """Whether the node logged ``r``'s success before (or without) its cancel request."""
+    goal = f"goal {r.message.goal_id[:8]} "
+    ended = node.logged_at(goal + "succeeded", since=0.0, count=1, timeout_s=5.0)
+    cancel = node.logged_at(goal + "cancel requested", since=0.0, count=1, timeout_s=1.0)
+    return r.status == "succeeded" and bool(ended) and (not cancel or ended[0] < cancel[0])
+
+
+# Before the node's Fast DDS writer profile (ros/dds.py), 5 of 24 results reached the client
+# 3.02 s after the node had ended the goal, idle machine or not: a lost sample waited for the
+# writer's next heartbeat (3 s). With it: 0.00-0.43 s in 38 of 38 (docs/RELIABILITY.md, "Late
 # results: DDS repair"). The bound sits between the two.
 def test_long_answers_reach_the_client_right_after_the_node_ends_them(io):
     late = []
@@ -434,11 +459,13 @@ def test_dead_engine_core_fails_goals_fast_and_the_node_stays_up(io, node):
     cores = [p for p in psutil.Process(node.proc.pid).children(recursive=True)
              if "EngineCore" in " ".join(p.cmdline())]
     assert len(cores) == 1, [p.cmdline() for p in psutil.Process(node.proc.pid).children()]
-    # A goal of a minute or more: its feedback can stall for seconds under load (RELIABILITY.md,
-    # "Late results: DDS repair"), and the kill must come while it generates.
+    # A goal of a minute or more: its feedback (and once its goal response) stalled for up to
+    # two minutes under load (RELIABILITY.md, "Late results: DDS repair"), and the kill must
+    # come while it generates.
     watch = Watch()
-    running = io.client.submit(image_goal("Long.", max_tokens=CANCEL_TOKENS), watch)
-    assert watch.started.wait(120), watch.account(running, io, node)
+    running = io.client.submit(image_goal("Long.", max_tokens=CANCEL_TOKENS, timeout_s=600.0),
+                               watch)
+    assert watch.started.wait(240), watch.account(running, io, node)
     t_kill = time.monotonic()
     cores[0].kill()
     mid = running.result(60)
