@@ -9,15 +9,37 @@ import pytest
 from cosmos_reason_ros.ros import dds
 
 
-def test_the_profile_is_named_when_nothing_else_configures_fast_dds(tmp_path):
-    env: dict[str, str] = {}
+def fast_dds(tmp_path, library: str) -> dict[str, str]:
+    """An environment whose AMENT_PREFIX_PATH holds ``library`` (an empty stand-in file)."""
+    (tmp_path / "prefix" / "lib").mkdir(parents=True)
+    (tmp_path / "prefix" / "lib" / library).write_text("")
+    return {"AMENT_PREFIX_PATH": str(tmp_path / "prefix")}
+
+
+def test_fast_dds_3_gets_its_profile_under_the_current_name(tmp_path):
+    env = fast_dds(tmp_path, "libfastdds.so.3.2.2")
     line = dds.use_writer_profile(env, cwd=tmp_path)
-    assert env == {"FASTDDS_DEFAULT_PROFILES_FILE": str(dds.WRITER_PROFILE),
-                   "FASTRTPS_DEFAULT_PROFILES_FILE": str(dds.WRITER_PROFILE)}
-    assert "100 ms" in line and "FASTDDS_DEFAULT_PROFILES_FILE" in line
-    env = {"RMW_IMPLEMENTATION": "rmw_fastrtps_dynamic_cpp"}
+    profile = str(dds.WRITER_PROFILES[3])
+    assert env["FASTDDS_DEFAULT_PROFILES_FILE"] == profile
+    assert "FASTRTPS_DEFAULT_PROFILES_FILE" not in env  # deprecated there: Kilted warns
+    assert "100 ms" in line and profile in line
+    env = {**fast_dds(tmp_path / "b", "libfastdds.so.3"),
+           "RMW_IMPLEMENTATION": "rmw_fastrtps_dynamic_cpp"}
     dds.use_writer_profile(env, cwd=tmp_path)
-    assert env["FASTDDS_DEFAULT_PROFILES_FILE"] == str(dds.WRITER_PROFILE)
+    assert env["FASTDDS_DEFAULT_PROFILES_FILE"] == profile
+
+
+def test_fast_dds_2_gets_its_profile_under_both_names(tmp_path):
+    env = fast_dds(tmp_path, "libfastrtps.so.2.14.5")
+    dds.use_writer_profile(env, cwd=tmp_path)
+    profile = str(dds.WRITER_PROFILES[2])
+    assert env["FASTDDS_DEFAULT_PROFILES_FILE"] == env["FASTRTPS_DEFAULT_PROFILES_FILE"] == profile
+
+
+def test_no_fast_dds_library_found_names_no_profile(tmp_path):
+    env = {"AMENT_PREFIX_PATH": str(tmp_path), "LD_LIBRARY_PATH": str(tmp_path)}
+    assert "not used" in dds.use_writer_profile(env, cwd=tmp_path)
+    assert "FASTDDS_DEFAULT_PROFILES_FILE" not in env
 
 
 @pytest.mark.parametrize("env, says", [
@@ -36,15 +58,18 @@ def test_the_users_own_configuration_is_left_alone(tmp_path, env, says):
 @pytest.mark.parametrize("name", ["DEFAULT_FASTDDS_PROFILES.xml", "DEFAULT_FASTRTPS_PROFILES.xml"])
 def test_a_profile_in_the_working_directory_is_left_alone(tmp_path, name):
     (tmp_path / name).write_text("<dds/>")
-    env: dict[str, str] = {}
+    env = fast_dds(tmp_path, "libfastdds.so.3")
+    before = dict(env)
     assert "(the user's)" in dds.use_writer_profile(env, cwd=tmp_path)
-    assert env == {}
+    assert env == before
 
 
-def test_the_profile_sets_a_100_ms_heartbeat_for_every_writer():
+@pytest.mark.parametrize("major, element", [(3, "heartbeat_period"), (2, "heartbeatPeriod")])
+def test_each_profile_sets_a_100_ms_heartbeat_for_every_writer(major, element):
     ns = {"d": "http://www.eprosima.com"}
-    writer = ET.parse(dds.WRITER_PROFILE).getroot().find("d:profiles/d:data_writer", ns)
+    root = ET.parse(dds.WRITER_PROFILES[major]).getroot()
+    writer = root.find("d:profiles/d:data_writer", ns)
     assert writer.get("is_default_profile") == "true"
-    period = writer.find("d:times/d:heartbeat_period", ns)
+    period = writer.find(f"d:times/d:{element}", ns)
     assert (period.findtext("d:sec", namespaces=ns), period.findtext("d:nanosec", namespaces=ns)) \
         == ("0", "100000000")

@@ -14,7 +14,12 @@ import os
 from collections.abc import MutableMapping
 from pathlib import Path
 
-WRITER_PROFILE = Path(__file__).with_name("fastdds_writers.xml")
+# Fast DDS 3 (Kilted) and 2.x (Jazzy, Humble) name the XML elements differently and reject
+# the other's: one file each.
+WRITER_PROFILES = {3: Path(__file__).with_name("fastdds3_writers.xml"),
+                   2: Path(__file__).with_name("fastdds2_writers.xml")}
+# Fast DDS 3's library and 2.x's (the name changed with the major version).
+_LIBRARIES = {3: "libfastdds.so.3", 2: "libfastrtps.so.2"}
 PROFILE_ENV = "FASTDDS_DEFAULT_PROFILES_FILE"
 # Humble's Fast DDS (2.6) reads the older name.
 PROFILE_ENVS = (PROFILE_ENV, "FASTRTPS_DEFAULT_PROFILES_FILE")
@@ -37,11 +42,29 @@ def use_writer_profile(environ: MutableMapping[str, str] = os.environ,
             return f"Fast DDS profiles from {name}={environ[name]} (the user's)"
     if environ.get("RMW_FASTRTPS_USE_QOS_FROM_XML", "0") not in ("", "0"):
         return "Fast DDS writer profile not used: RMW_FASTRTPS_USE_QOS_FROM_XML is set"
+    major = fast_dds_major(environ)
+    if major is None:
+        return ("Fast DDS writer profile not used: neither libfastdds.so.3 nor libfastrtps.so.2 "
+                "found under AMENT_PREFIX_PATH or LD_LIBRARY_PATH")
     here = cwd or Path.cwd()
     own = [name for name in _CWD_PROFILES if (here / name).is_file()]
     if own:
         return f"Fast DDS profiles from {here / own[0]} (the user's)"
-    for name in PROFILE_ENVS:
-        environ[name] = str(WRITER_PROFILE)
-    return (f"Fast DDS writers repair lost samples after 100 ms ({WRITER_PROFILE}); set "
-            f"{PROFILE_ENV} to use a profile of your own")
+    # Kilted's RMW warns that the older name is deprecated: named for Fast DDS 2.x alone.
+    for name in PROFILE_ENVS if major == 2 else (PROFILE_ENV,):
+        environ[name] = str(WRITER_PROFILES[major])
+    return (f"Fast DDS writers repair lost samples after 100 ms ({WRITER_PROFILES[major]}); "
+            f"set {PROFILE_ENV} to use a profile of your own")
+
+
+def fast_dds_major(environ: MutableMapping[str, str] = os.environ) -> int | None:
+    """Fast DDS's major version (3 or 2) by the library ROS finds, None if none is found.
+
+    Read from the file names, not by loading it: Fast DDS reads its profiles when it loads.
+    """
+    dirs = [Path(p) / "lib" for p in environ.get("AMENT_PREFIX_PATH", "").split(os.pathsep) if p]
+    dirs += [Path(p) for p in environ.get("LD_LIBRARY_PATH", "").split(os.pathsep) if p]
+    for major, library in _LIBRARIES.items():
+        if any(next(d.glob(library + "*"), None) for d in dirs if d.is_dir()):
+            return major
+    return None
