@@ -50,7 +50,7 @@ MAX_RUNNING, MAX_QUEUED = 50, 32
 # machine failed the other distros' tests running beside it.
 CANCEL_BURST, CANCEL_TOKENS = 50, 7000
 CANCEL_NODE_IDLE_S, CANCEL_IDLE_S = 10.0, 30.0
-LATE_RESULT_GOALS, LATE_RESULT_TOKENS, LATE_RESULT_BOUND_S = 6, 3000, 1.5
+LATE_RESULT_GOALS, LATE_RESULT_TOKENS, LATE_RESULT_BOUND_S = 5, 2000, 1.5
 
 
 class IO:
@@ -478,23 +478,29 @@ def test_dead_engine_core_fails_goals_fast_and_the_node_stays_up(io, node):
     cores = [p for p in psutil.Process(node.proc.pid).children(recursive=True)
              if "EngineCore" in " ".join(p.cmdline())]
     assert len(cores) == 1, [p.cmdline() for p in psutil.Process(node.proc.pid).children()]
-    # Its feedback (and once its goal response) stalled for minutes under load (RELIABILITY.md,
-    # "Late results: DDS repair"), and the kill must come while it runs.
-    watch = Watch()
-    wall_submit = time.time()
-    running = io.client.submit(image_goal("Long.", max_tokens=CANCEL_TOKENS, timeout_s=240.0),
-                               watch)
-    # Under way: seen generating by the client, or in vLLM by the node's own count.
-    deadline = time.monotonic() + 240
-    while not watch.started.wait(0.1) and time.monotonic() < deadline:
-        with io.cond:
-            if any(int(n) >= 1 for t, n in io.engine_counts if t > wall_submit):
-                break
+    # The kill must come while a goal runs. Its feedback (and once its goal response) stalled
+    # for minutes under load (RELIABILITY.md, "Late results: DDS repair"), so "under way" is
+    # also read from the node's diagnostics; a goal that ended before either said so is
+    # replaced (a loaded rehearsal's 7 000-token goal did).
+    for _ in range(3):
+        watch = Watch()
+        wall_submit = time.time()
+        running = io.client.submit(image_goal("Long.", max_tokens=CANCEL_TOKENS,
+                                              timeout_s=240.0), watch)
+        deadline = time.monotonic() + 240
+        while not watch.started.wait(0.1) and time.monotonic() < deadline:
+            with io.cond:
+                if any(int(n) >= 1 for t, n in io.engine_counts if t > wall_submit):
+                    break
+        else:
+            if not watch.started.is_set():
+                account = watch.account(running, io, node)
+                running.cancel()  # not left loading the machine for the tests after this one
+                pytest.fail(f"the goal did not start within 240 s: {account}")
+        if not running.future.done():
+            break
     else:
-        if not watch.started.is_set():
-            account = watch.account(running, io, node)
-            running.cancel()  # not left loading the machine for the tests after this one
-            pytest.fail(f"the goal did not start within 240 s: {account}")
+        pytest.fail("three goals in a row ended before they were seen under way")
     t_kill = time.monotonic()
     cores[0].kill()
     mid = running.result(60)
