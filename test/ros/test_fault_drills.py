@@ -100,6 +100,12 @@ class IO:
                                       if "engine_running_requests" in values(s))
             self.cond.notify_all()
 
+    def engine_counted(self, at_least: int, since: float) -> bool:
+        """Whether the node's diagnostics stamped after ``since`` (wall clock) counted at least
+        ``at_least`` requests in the engine: its own word that goals are under way."""
+        with self.cond:
+            return any(int(n) >= at_least for t, n in self.engine_counts if t > since)
+
     def wait_camera_matched(self) -> None:
         assert self.side.wait_matched(self.camera), "the node's camera subscription was not found"
 
@@ -364,8 +370,7 @@ def _cancel_all_at_once(io: IO, node: NodeProcess, watches: list[Watch], handles
     # Under way: every goal seen generating by the client, or all 50 requests inside vLLM by
     # the node's own count (a goal's feedback can stall for a minute under load).
     def all_in_engine() -> bool:
-        with io.cond:
-            return any(int(n) >= CANCEL_BURST for t, n in io.engine_counts if t > wall_submit)
+        return io.engine_counted(CANCEL_BURST, since=wall_submit)
 
     deadline = time.monotonic() + 180
     while not all(w.started.is_set() for w in watches) and not all_in_engine() \
@@ -423,10 +428,12 @@ def _cancel_all_at_once(io: IO, node: NodeProcess, watches: list[Watch], handles
 
 def _ended_before_cancel(node: NodeProcess, r) -> bool:
     """Whether the node logged ``r``'s success before (or without) its cancel request."""
+    if r.status != "succeeded":
+        return False
     goal = f"goal {r.message.goal_id[:8]} "
     ended = node.logged_at(goal + "succeeded", since=0.0, count=1, timeout_s=5.0)
     cancel = node.logged_at(goal + "cancel requested", since=0.0, count=1, timeout_s=1.0)
-    return r.status == "succeeded" and bool(ended) and (not cancel or ended[0] < cancel[0])
+    return bool(ended) and (not cancel or ended[0] < cancel[0])
 
 
 # Before the node's Fast DDS writer profile (ros/dds.py), 5 of 24 results reached the client
@@ -489,9 +496,8 @@ def test_dead_engine_core_fails_goals_fast_and_the_node_stays_up(io, node):
                                               timeout_s=240.0), watch)
         deadline = time.monotonic() + 240
         while not watch.started.wait(0.1) and time.monotonic() < deadline:
-            with io.cond:
-                if any(int(n) >= 1 for t, n in io.engine_counts if t > wall_submit):
-                    break
+            if io.engine_counted(1, since=wall_submit):
+                break
         else:
             if not watch.started.is_set():
                 account = watch.account(running, io, node)
