@@ -22,11 +22,13 @@ if str(REPO_ROOT) not in sys.path:  # the source tree, not an installed copy, is
 # LOCALHOST keeps discovery on loopback. Jazzy must not also get ROS_LOCALHOST_ONLY.
 os.environ.setdefault("ROS_DOMAIN_ID", str(random.Random(os.getpid()).randint(1, 100)))
 # Under pytest-xdist (-n N), each worker is a run of its own: nodes of the same name in two
-# workers must not meet. Worker k > 0 moves 100*k domains up (Fast DDS allows 0-232).
+# workers must not meet. Worker k > 0 moves 20*k domains up, wrapping inside 0-101: DDS ports
+# are 7400 + 250*domain + ..., and above domain 101 they fall in Linux's ephemeral port range
+# (32768-60999), where any process's outgoing sockets may already hold them.
 _worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
 if _worker.startswith("gw") and _worker[2:].isdigit() and int(_worker[2:]) > 0:
-    os.environ["ROS_DOMAIN_ID"] = str((int(os.environ["ROS_DOMAIN_ID"]) + 100 * int(_worker[2:]))
-                                      % 233)
+    os.environ["ROS_DOMAIN_ID"] = str((int(os.environ["ROS_DOMAIN_ID"]) + 20 * int(_worker[2:]))
+                                      % 102)
 os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
 os.environ.pop("ROS_LOCALHOST_ONLY", None)
 # vLLM on the CPU: bounded KV cache, no hub, no telemetry, in-process engine core (2-3 s start).

@@ -32,6 +32,7 @@ class Script:
     finish: FinishReason = FinishReason.STOP
     endless: bool = False  # repeat the last delta until aborted
     prompt_tokens: int = 10
+    reasoning: bool = False  # deltas in the reasoning channel (a server's reasoning parser)
 
 
 # Answers of the shape each task's prompt asks for (what the real model gives under
@@ -113,7 +114,8 @@ class FakeEngine(Engine):
                     await asyncio.sleep(0)
                 tokens += 1
                 i += 1
-                yield Chunk(text_delta=delta, output_tokens=tokens,
+                channel = "reasoning_delta" if script.reasoning else "text_delta"
+                yield Chunk(**{channel: delta}, output_tokens=tokens,
                             elapsed_s=loop.time() - t0)
                 if tokens >= request.sampling.max_tokens:
                     yield Chunk(output_tokens=tokens, finish_reason=FinishReason.LENGTH,

@@ -505,8 +505,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if args.device == "cpu":
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    if not os.environ.get("ROS_DOMAIN_ID"):  # keep the run's DDS traffic to itself
-        os.environ["ROS_DOMAIN_ID"] = str(random.Random(os.getpid()).randint(101, 200))
+    # A domain of its own keeps the run's DDS traffic to itself; 0-101 keeps its ports out of
+    # the ephemeral range (above 101 they can collide with any outgoing socket).
+    if not os.environ.get("ROS_DOMAIN_ID"):
+        os.environ["ROS_DOMAIN_ID"] = str(random.Random(os.getpid()).randint(1, 101))
     os.environ.setdefault("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")
     if not args.model:
         from cosmos_reason_ros.tools.tiny_model import ensure_tiny_model

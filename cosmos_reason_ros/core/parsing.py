@@ -330,7 +330,58 @@ def _expected_answer(task: Task | str | None) -> AnswerKind:
     return spec.answer if spec is not None else AnswerKind.TEXT
 
 
+_REASONING_CHANNEL_PREFIX = "answer taken from the server's reasoning channel"
+REASONING_CHANNEL_NOTE = (
+    _REASONING_CHANNEL_PREFIX + " (the content channel {why}): the "
+    "server's --reasoning-parser treated the whole output as reasoning; ask with reasoning on, "
+    "or start the server without --reasoning-parser and set engine.constrains_after_reasoning "
+    "false"
+)
+"""The problem noted when the answer had to be recovered from the reasoning channel."""
+
+
 def _parse(
+    text: str, given_reasoning: str | None, finish_reason: FinishReason | None,
+    expect: AnswerKind,
+) -> ParsedAnswer:
+    parsed = _parse_channels(text, given_reasoning, finish_reason, expect)
+    if not given_reasoning or not given_reasoning.strip():
+        return parsed
+    if _holds_answer(parsed, expect):
+        return parsed
+    # A server's reasoning parser (vLLM --reasoning-parser qwen3 without a think prompt) can put
+    # the whole output in the reasoning channel and leave content empty: the answer is after
+    # the reasoning's last </think>, or, with none, the structured answer is the whole text.
+    closes = list(_THINK_CLOSE.finditer(given_reasoning))
+    if closes:
+        last = closes[-1]
+        candidate, reasoning = given_reasoning[last.end():], given_reasoning[: last.start()]
+    elif expect is not AnswerKind.TEXT:
+        candidate, reasoning = given_reasoning, ""
+    else:
+        if not parsed.answer:
+            note = "answer empty: the server put the whole output in its reasoning channel"
+            return replace(parsed, problems=(*parsed.problems, note))
+        return parsed
+    recovered = _parse_channels(candidate, reasoning, finish_reason, expect)
+    if not _holds_answer(recovered, expect):
+        return parsed
+    why = "held no answer" if parsed.answer else "was empty"
+    return replace(recovered, raw_text=text,
+                   problems=(*recovered.problems, REASONING_CHANNEL_NOTE.format(why=why)))
+
+
+def answered_from_reasoning_channel(problems: Iterable[str]) -> bool:
+    """Whether a parse had to take its answer from the server's reasoning channel."""
+    return any(p.startswith(_REASONING_CHANNEL_PREFIX) for p in problems)
+
+
+def _holds_answer(parsed: ParsedAnswer, expect: AnswerKind) -> bool:
+    """Whether the answer holds what the task expects (any text for free-text tasks)."""
+    return bool(parsed.answer) if expect is AnswerKind.TEXT else expect.value in parsed.found
+
+
+def _parse_channels(
     text: str, given_reasoning: str | None, finish_reason: FinishReason | None,
     expect: AnswerKind,
 ) -> ParsedAnswer:
@@ -389,7 +440,7 @@ def _parse(
                 answer_json = _dump_json({"count": count}, problems)
         elif problem:
             problems.append(problem)
-    if expect is not AnswerKind.TEXT and expect.value not in found and answer:
+    if expect is not AnswerKind.TEXT and expect.value not in found:
         problems.append(expect.missing)
 
     return ParsedAnswer(

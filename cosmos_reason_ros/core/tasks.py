@@ -68,7 +68,7 @@ class AnswerKind(str, enum.Enum):
 
     @property
     def missing(self) -> str:
-        """The problem reported when the answer is not empty but holds none of this."""
+        """The problem reported when the answer (empty or not) holds none of this."""
         what = {AnswerKind.VERDICT: "yes/no verdict"}.get(self, self.value)
         return f"no {what} found in the answer"
 

@@ -46,6 +46,10 @@ def node_status(node: ReasonNode) -> DiagnosticStatus:
         bad = health.state.value in UNAVAILABLE_STATES
         level = max(level, DiagnosticStatus.ERROR if bad else DiagnosticStatus.WARN)
         problems.append(f"engine {health.state.value}")
+    if counters.get("answered_from_reasoning"):
+        level = max(level, DiagnosticStatus.WARN)
+        problems.append(f"{counters['answered_from_reasoning']} answers only in the server's "
+                        "reasoning channel (its --reasoning-parser)")
     if not node.cameras.named:
         level = _camera_level(p, silent_s, "camera", level, problems)
     camera_values: dict[str, object] = {}

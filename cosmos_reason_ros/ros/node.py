@@ -25,6 +25,7 @@ from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
 
 from cosmos_reason_interfaces.action import Reason
 from cosmos_reason_interfaces.msg import ReasoningResult
+from cosmos_reason_ros.core import parsing
 from cosmos_reason_ros.core.admission import GoalSlots
 from cosmos_reason_ros.core.answer3d import DepthLifter
 from cosmos_reason_ros.core.models import ModelProfile, detect_profile
@@ -71,7 +72,8 @@ class ReasonNode(Node):
         self._engine = engine
         self._stopping = threading.Event()
         self._counters_lock = threading.Lock()
-        self.counters = {"succeeded": 0, "aborted": 0, "canceled": 0, "rejected": 0}
+        self.counters = {"succeeded": 0, "aborted": 0, "canceled": 0, "rejected": 0,
+                         "answered_from_reasoning": 0}
         self._action_server: ResultRequestsActionServer | None = None
         self._ended_by_stop: set[bytes] = set()  # goal ids, for serve_results
         self.serving_timers: list[Any] = []
@@ -422,6 +424,12 @@ class ReasonNode(Node):
             self.outputs.publish_extras(msg, run.media)
             goal_handle.succeed()
             self._count("succeeded")
+            if parsing.answered_from_reasoning_channel(msg.parse_problems):
+                self._count("answered_from_reasoning")
+                self.get_logger().warning(
+                    "answers arrive in the server's reasoning channel (its --reasoning-parser "
+                    "took the whole output): recovered and noted in parse_problems; ask with "
+                    "reasoning on, or run the server without --reasoning-parser", once=True)
             self.latencies.append((run.time_to_first_token_s, time.monotonic() - t_accept))
             self.get_logger().info(
                 f"goal {msg.goal_id[:8]} succeeded: task={msg.task} "

@@ -126,6 +126,62 @@ def test_given_reasoning_with_stray_close_tag_in_text():
     assert read_verdict(out) is False
 
 
+# A server started with --reasoning-parser qwen3 and asked without a think prompt can put the
+# whole output in its reasoning channel and leave content empty.
+_BOX_ANSWER = '[{"bbox_2d": [100, 200, 300, 400], "label": "red cup"}]'
+
+
+def test_structured_answer_only_in_the_reasoning_channel_is_recovered_and_noted():
+    out = parse_output("", reasoning=_BOX_ANSWER, task=Task.GROUND)
+    assert out.boxes == (Box(100, 200, 300, 400, label="red cup"),)
+    assert any("reasoning channel" in p and "--reasoning-parser" in p for p in out.problems)
+
+
+def test_answer_after_the_reasoning_channels_last_close_tag_is_taken():
+    reasoning = "The cup is left. </think> no wait </think>\n" + _BOX_ANSWER
+    out = parse_output("", reasoning=reasoning, task=Task.GROUND)
+    assert out.boxes == (Box(100, 200, 300, 400, label="red cup"),)
+    assert out.reasoning.startswith("The cup is left.") and "bbox_2d" not in out.reasoning
+    assert any("reasoning channel (the content channel was empty)" in p for p in out.problems)
+
+
+def test_point_answer_in_the_reasoning_channel_is_recovered():
+    out = parse_output("  ", reasoning='{"point_2d": [500, 500], "label": "cup"}', task=Task.POINT)
+    assert out.points == (Point(500, 500, label="cup"),)
+    assert any("reasoning channel" in p for p in out.problems)
+
+
+def test_content_without_the_expected_answer_falls_back_to_the_reasoning_channel():
+    out = parse_output("Here it is.", reasoning="</think>" + _BOX_ANSWER, task=Task.GROUND)
+    assert len(out.boxes) == 1
+    assert any("content channel held no answer" in p for p in out.problems)
+
+
+def test_content_answer_wins_over_json_in_the_reasoning_channel():
+    out = parse_output('{"bbox_2d": [1, 2, 3, 4]}', reasoning=_BOX_ANSWER, task=Task.GROUND)
+    assert out.boxes == (Box(1, 2, 3, 4),)
+    assert not any("reasoning channel" in p for p in out.problems)
+
+
+def test_free_text_answer_after_close_tag_in_the_reasoning_channel_is_recovered():
+    out = parse_output("", reasoning="thinking</think>The aisle is clear.", task=Task.VQA)
+    assert out.answer == "The aisle is clear." and out.reasoning == "thinking"
+    assert any("reasoning channel" in p for p in out.problems)
+
+
+def test_free_text_reasoning_without_an_answer_notes_the_empty_answer():
+    out = parse_output("", reasoning="The aisle looks clear to me.", task=Task.VQA)
+    assert out.answer == ""
+    assert any("answer empty" in p and "reasoning channel" in p for p in out.problems)
+
+
+def test_reasoning_channel_without_the_expected_answer_changes_nothing():
+    out = parse_output("", reasoning="I cannot see a cup.", task=Task.GROUND)
+    assert out.boxes == () and out.answer == ""
+    assert not any("taken from" in p for p in out.problems)
+    assert "no boxes found in the answer" in out.problems  # never a silent "nothing found"
+
+
 def test_end_of_turn_token_stripped():
     assert parse_output("Yes.<|im_end|>").answer == "Yes."
 
