@@ -2,8 +2,10 @@
 #   make demo                 set up if needed, then run the demo (CPU, tiny model):
 #                             recording -> node -> replay -> out/demo/replay/report.html
 #   make demo MODEL=/path/to/Cosmos-Reason2-2B   (GPU machine, x86_gpu preset, real answers)
-#   make test                 set up if needed, then run the whole test suite
+#   make test                 set up if needed, then run the whole test suite but the drills
 #   make test ROS_DISTRO=jazzy
+#   make test-fast            the fast tier: units and the in-process node on the scripted engine
+#   make drills               the drills alone (faults, timings): build/drills/report.md
 #   make test ROS_DISTRO=jazzy-py310   (Jazzy wheels on Python 3.10, Humble's Python; no vLLM)
 # Setup is idempotent: a re-run with nothing changed takes seconds.
 ROS_DISTRO ?= kilted
@@ -14,7 +16,7 @@ SHELL := /bin/bash
 # scripts/setup.sh), also in shells that set PYTHONDONTWRITEBYTECODE.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: setup test lint demo clean lock
+.PHONY: setup test test-fast drills lint demo clean lock
 
 setup:
 	@bash scripts/setup.sh $(ROS_DISTRO)
@@ -22,8 +24,23 @@ setup:
 test: setup
 	@bash scripts/run_tests.sh $(ROS_DISTRO) $(PYTEST_ARGS)
 
+# No real engine, nothing marked slow (scripts/run_tests.sh also leaves the drills out).
+test-fast: setup
+	@bash scripts/run_tests.sh $(ROS_DISTRO) -m "not engine and not slow" $(PYTEST_ARGS)
+
+# One process, no xdist workers: the drills' figures are the mechanism's, not a neighbour's
+# load. The figures' table is printed whether or not a drill failed.
+drills: setup
+	@source $(ENVFILE) && rm -f build/drills/report.json build/drills/report.md build/drills/junit.xml \
+	  && mkdir -p build/drills \
+	  && { python -m pytest -p no:cacheprovider -p no:xdist --timeout=900 -m drill \
+	    --junitxml=build/drills/junit.xml test/drills $(PYTEST_ARGS); rc=$$?; \
+	    cat build/drills/report.md 2>/dev/null || echo "drills: no figures recorded"; \
+	    exit $$rc; }
+
 lint: setup
-	@source $(ENVFILE) && ruff check . && echo "lint: clean"
+	@source $(ENVFILE) && ruff check . && python scripts/check_test_timing.py \
+	  && echo "lint: clean"
 
 demo: setup
 	@source $(ENVFILE) && python -m cosmos_reason_ros.tools.demo $(if $(MODEL),--model $(MODEL)) $(DEMO_ARGS)

@@ -27,6 +27,7 @@ import numpy as np
 import pytest
 from aiohttp import web
 from servers import VllmServer, free_port
+from waiting import async_wait_until
 
 from cosmos_reason_ros.core.types import (
     BadRequestError,
@@ -140,11 +141,12 @@ async def generated_tokens(root: str) -> float:
 async def wait_idle(root: str, timeout_s: float) -> float:
     """Seconds until the server reports no running request (raises on timeout)."""
     t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout_s:
-        if await running_requests(root) == 0:
-            return time.monotonic() - t0
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"server still running a request after {timeout_s}s")
+
+    async def idle() -> bool:
+        return await running_requests(root) == 0
+
+    await async_wait_until(idle, timeout_s, "the server still runs a request")
+    return time.monotonic() - t0
 
 
 SECRET = f"sk-test-{uuid.uuid4().hex}"
@@ -545,11 +547,10 @@ def test_error_after_first_token_is_not_retried() -> None:
 
 
 async def wait_health(engine: OpenAIServerEngine, state: EngineState) -> None:
-    for _ in range(200):  # the engine's own health loop (0.2 s period) notices
-        if (await engine.health()).state == state:
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"engine never {state.value}: {(await engine.health()).detail}")
+    async def reached() -> bool:  # the engine's own health loop (0.2 s period) notices
+        return (await engine.health()).state == state
+
+    await async_wait_until(reached, 30.0, f"engine never {state.value}")
 
 
 def test_primary_serves_while_healthy_fallback_while_not_and_primary_again_on_recovery() -> None:
@@ -642,20 +643,25 @@ def test_model_not_served_is_named_at_start_and_a_url_serving_it_is_used() -> No
 
 
 def test_stalled_stream_hits_read_timeout() -> None:
+    released = asyncio.Event()  # never set while the engine reads: the stall has no end
+
     async def stall(request: web.Request) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         await resp.write(delta_event(content="A"))
-        await asyncio.sleep(30)
+        await released.wait()
         return resp
 
     async def body() -> None:
         async with FakeServer(stall) as fake, \
                 engine_for(fake_cfg(fake, read_timeout_s=0.5)) as engine:
-            t0 = time.monotonic()
-            with pytest.raises(EngineUnavailableError, match="stalled"):
-                await collect(engine, image_request())
-            assert time.monotonic() - t0 < 10  # not the server's 30 s
+            try:
+                # The server never ends the stream: only the read timeout can end the request
+                # (the outer 60 s means it never did).
+                with pytest.raises(EngineUnavailableError, match="stalled"):
+                    await asyncio.wait_for(collect(engine, image_request()), 60)
+            finally:
+                released.set()
     run(body())
 
 
@@ -707,7 +713,7 @@ class EndlessChat:
                     self.passed_bound_at = time.monotonic()
                 await resp.write(event)
                 self.bytes += len(event)
-                await asyncio.sleep(0.001)
+                await asyncio.sleep(0.001)  # paces: ~1000 events/s, like a fast server
         finally:
             self.gone.set()
 
@@ -751,10 +757,11 @@ def test_server_ignoring_max_tokens_ends_with_length_and_a_disconnect(
                 assert text == "ab" * 4 and last.output_tokens == 25
             else:  # one endless line: bounded in bytes, nothing to return
                 assert text == "" and endless.bytes < 4 * 1024 * 1024
+            # How soon after the bound the request ends is a drill's figure
+            # (test/drills/test_engine_timing.py); here, that it ends there.
             if endless.passed_bound_at is not None:
-                late = ended_at - endless.passed_bound_at
-                print(f"\n{kind}: ended {late * 1000:.1f} ms after the server passed the bound")
-                assert late < 1.0
+                print(f"\n{kind}: ended {(ended_at - endless.passed_bound_at) * 1000:.1f} ms "
+                      f"after the server passed the bound")
             warnings = overrun_warnings(caplog)
             assert len(warnings) == 1 and fake.base in warnings[0], warnings
             # Not a failure of the server: it stays up and serves the next request.
@@ -1136,7 +1143,8 @@ def test_server_up_late_is_used_then_sigkill_mid_stream_is_unavailable(
     holder: dict[str, VllmServer] = {}
 
     async def body() -> None:
-        engine = OpenAIServerEngine(cfg(base, api_key_env="", start_timeout_s=1.0))
+        engine = OpenAIServerEngine(cfg(base, api_key_env="", start_timeout_s=1.0,
+                                        read_timeout_s=600.0))
         try:
             with pytest.raises(EngineUnavailableError):
                 await engine.start()  # nothing listens yet
@@ -1145,11 +1153,7 @@ def test_server_up_late_is_used_then_sigkill_mid_stream_is_unavailable(
             srv = holder["srv"] = VllmServer(tiny_qwen3_vl, port)
             startup = await asyncio.to_thread(srv.wait_healthy)
             print(f"\nsecond vllm server healthy after {startup:.1f}s")
-            for _ in range(200):  # the engine's own health loop notices the server
-                if (await engine.health()).state == EngineState.READY:
-                    break
-                await asyncio.sleep(0.1)
-            assert (await engine.health()).state == EngineState.READY
+            await wait_health(engine, EngineState.READY)  # its own health loop notices
             chunks = await collect(engine, image_request(max_tokens=4))
             assert chunks[-1].finish_reason in (FinishReason.STOP, FinishReason.LENGTH)
             assert engine.model_name == "tiny"
@@ -1162,10 +1166,11 @@ def test_server_up_late_is_used_then_sigkill_mid_stream_is_unavailable(
                     if received == 20:
                         t_kill = time.monotonic()
                         srv.kill(signal.SIGKILL)
-            took = time.monotonic() - t_kill
-            print(f"SIGKILL mid-stream -> {type(info.value).__name__} after {took:.2f}s: "
-                  f"{info.value}")
-            assert received >= 20 and took < 2.0
+            print(f"SIGKILL mid-stream -> {type(info.value).__name__} after "
+                  f"{time.monotonic() - t_kill:.2f}s: {info.value}")
+            # Noticed as the connection's loss, not after read_timeout_s of silence
+            # (600 s here: a test that waited for it would time out instead).
+            assert received >= 20 and "connection lost mid-stream" in str(info.value)
             await wait_health(engine, EngineState.UNAVAILABLE)  # the health loop notices
         finally:
             await engine.close()

@@ -1,0 +1,196 @@
+#!/usr/bin/env python3
+"""Keep sleeps and durations out of the fast and real test tiers.
+
+Timing claims belong to the drills (``test/drills/``, measured alone and reported) and to the
+benchmarks (``test/bench/``). Anywhere else under ``test/``, a test module fails this check
+when it
+
+* sleeps (``time.sleep``, ``asyncio.sleep``, a bare ``sleep``) without a ``# paces: <why>``
+  comment on the same line. A sleep may pace something (a simulated camera's frame rate, a
+  fake engine's per-token delay); it may not wait for something to happen, which passes on
+  an idle machine and fails on a loaded one. ``asyncio.sleep(0)`` yields to the event loop
+  without waiting for time, so it is allowed;
+* asserts that a duration (a name like ``took``, ``elapsed``, ``duration``, ``late``,
+  ``latency``, ``seconds``, ``*_s``, or a clock read such as ``time.monotonic()``) is below
+  a number (a literal or a module-level numeric constant).
+
+Shared support modules (``test/*.py`` that are not ``test_*.py``) hold the waiting helpers
+that poll state against a generous deadline, and are not checked.
+
+    python3 scripts/check_test_timing.py [ROOT]    # exit status 1 when something is flagged
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+# Directories (under test/) where durations are the point: measured and reported.
+EXEMPT_DIRS = ("drills", "bench")
+# Findings not yet converted, per module: a ratchet. A module may hold exactly this many (more
+# is a relapse; fewer means one was fixed: lower the count, and drop the entry at zero).
+PENDING = {
+    "test/console/test_console_api.py": 1,
+    "test/console/test_console_browser.py": 1,
+    "test/engines/test_runner.py": 1,
+    "test/ros/test_action_status.py": 2,
+    "test/ros/test_bad_inputs.py": 2,
+    "test/ros/test_fleet_router.py": 1,
+    "test/ros/test_ingest.py": 1,
+    "test/ros/test_node_3d.py": 3,
+    "test/ros/test_node_fast.py": 10,
+    "test/ros/test_node_multicamera.py": 1,
+    "test/ros/test_periodic.py": 1,
+    "test/ros/test_prefill.py": 3,
+    "test/ros/test_process_life.py": 1,
+    "test/ros/test_remote_engine_goal.py": 2,
+    "test/ros/test_secrets.py": 1,
+    "test/ros/test_stream_features.py": 2,
+}
+PACES = re.compile(r"#\s*paces:\s*\S")
+DURATION_NAME = re.compile(r"(took|elapsed|duration|late|latency|seconds|_s)$|^(took|late)_",
+                           re.IGNORECASE)
+CLOCKS = {"monotonic", "monotonic_ns", "time", "time_ns", "perf_counter", "perf_counter_ns"}
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One flagged line: where, and which rule."""
+
+    path: Path
+    line: int
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.line}: {self.message}"
+
+
+def test_modules(root: Path) -> Iterator[Path]:
+    """The test modules the rules apply to, in a stable order."""
+    test_dir = root / "test"
+    for path in sorted(test_dir.rglob("test_*.py")):
+        if path.relative_to(test_dir).parts[0] not in EXEMPT_DIRS:
+            yield path
+
+
+def _numeric_constants(tree: ast.Module) -> set[str]:
+    """Module-level names bound to a number (``BOUND_S = 1.5``): a literal by another name."""
+    names = set()
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and _is_number(node.value):
+            names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+        elif isinstance(node, ast.AnnAssign) and node.value is not None \
+                and _is_number(node.value) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)
+    return names
+
+
+def _is_number(node: ast.AST, constants: frozenset[str] | set[str] = frozenset()) -> bool:
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        return _is_number(node.operand, constants)
+    if isinstance(node, ast.BinOp):  # 2 * KEEP_S, 1 / 60
+        return _is_number(node.left, constants) and _is_number(node.right, constants)
+    if isinstance(node, ast.Name):
+        return node.id in constants
+    return (isinstance(node, ast.Constant) and isinstance(node.value, (int, float))
+            and not isinstance(node.value, bool))
+
+
+def _is_duration(node: ast.AST) -> bool:
+    """Whether ``node`` reads as a duration: a duration-like name or a clock read in it."""
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.Name) and DURATION_NAME.search(sub.id):
+            return True
+        if isinstance(sub, ast.Attribute) and DURATION_NAME.search(sub.attr):
+            return True
+        if isinstance(sub, ast.Call) and isinstance(sub.func, ast.Attribute) \
+                and sub.func.attr in CLOCKS and isinstance(sub.func.value, ast.Name) \
+                and sub.func.value.id == "time":
+            return True
+    return False
+
+
+def _is_sleep(call: ast.Call) -> bool:
+    func = call.func
+    if isinstance(func, ast.Attribute):
+        named = func.attr == "sleep" and isinstance(func.value, ast.Name) \
+            and func.value.id in ("time", "asyncio")
+    else:
+        named = isinstance(func, ast.Name) and func.id == "sleep"
+    if not named:
+        return False
+    # asyncio.sleep(0) hands the loop to the other tasks once; it waits for no time.
+    zero = call.args and isinstance(call.args[0], ast.Constant) and call.args[0].value == 0
+    return not zero
+
+
+def check_source(path: Path, source: str) -> list[Finding]:
+    """Return the findings in one module's source."""
+    tree = ast.parse(source, filename=str(path))
+    lines = source.splitlines()
+    constants = _numeric_constants(tree)
+    findings = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and _is_sleep(node):
+            end = node.end_lineno or node.lineno
+            if not any(PACES.search(lines[i - 1]) for i in range(node.lineno, end + 1)):
+                findings.append(Finding(path, node.lineno, "sleep without '# paces: <why>': "
+                                        "wait on an event, a future or state instead"))
+        elif isinstance(node, ast.Assert):
+            for compare in (n for n in ast.walk(node.test) if isinstance(n, ast.Compare)):
+                operands = [compare.left, *compare.comparators]
+                for op, left, right in zip(compare.ops, operands, operands[1:], strict=False):
+                    if isinstance(op, (ast.Gt, ast.GtE)):
+                        left, right = right, left
+                    elif not isinstance(op, (ast.Lt, ast.LtE)):
+                        continue
+                    if _is_duration(left) and _is_number(right, constants):
+                        findings.append(Finding(
+                            path, node.lineno, f"duration bound '{ast.unparse(compare)}': "
+                            "assert the outcome here, the time in test/drills/"))
+                        break
+    return sorted(findings, key=lambda f: f.line)
+
+
+def check(root: Path, pending: dict[str, int] | None = None) -> list[Finding]:
+    """Return every finding under ``root``'s test/ directory, less the ``pending`` ones.
+
+    A module with exactly its pending count passes; any other count reports all its findings
+    (and, when it fell, a line asking to lower the count).
+    """
+    pending = {} if pending is None else pending
+    findings = []
+    for path in test_modules(root):
+        rel = path.relative_to(root)
+        found = check_source(rel, path.read_text())
+        allowed = pending.get(rel.as_posix(), 0)
+        if len(found) == allowed:
+            continue
+        findings.extend(found)
+        if len(found) < allowed:
+            findings.append(Finding(rel, 0, f"{len(found)} finding(s), {allowed} pending: "
+                                    "lower its count in PENDING (scripts/check_test_timing.py)"))
+    return findings
+
+
+def main(argv: list[str]) -> int:
+    """Print the findings; exit 1 if there are any."""
+    root = Path(argv[1]) if len(argv) > 1 else Path(__file__).resolve().parent.parent
+    findings = check(root, PENDING)
+    for finding in findings:
+        print(finding)
+    if findings:
+        print(f"check_test_timing: {len(findings)} finding(s); durations belong in "
+              "test/drills/ (docs/DEVELOPING.md, 'Tests')", file=sys.stderr)
+        return 1
+    print(f"check_test_timing: clean ({sum(PENDING.values())} pending in "
+          f"{len(PENDING)} modules)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

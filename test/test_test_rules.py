@@ -1,0 +1,112 @@
+"""The tests' own rules, enforced in CI: no sleeps as synchronisation, no duration bounds
+outside the drills (scripts/check_test_timing.py, also run by ``make lint``), and the drills'
+report (test/drill_report.py)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from drill_report import Figure, Report
+
+REPO = Path(__file__).resolve().parent.parent
+_spec = importlib.util.spec_from_file_location("check_test_timing",
+                                               REPO / "scripts" / "check_test_timing.py")
+check_test_timing = importlib.util.module_from_spec(_spec)
+sys.modules["check_test_timing"] = check_test_timing  # dataclasses look their module up
+_spec.loader.exec_module(check_test_timing)
+
+
+def flagged(source: str) -> list[str]:
+    findings = check_test_timing.check_source(Path("test_x.py"), textwrap.dedent(source))
+    return [f.message.split("'")[0].strip() for f in findings]
+
+
+def test_the_suite_keeps_its_timing_rules():
+    findings = check_test_timing.check(REPO, check_test_timing.PENDING)
+    assert not findings, "\n".join(str(f) for f in findings)
+
+
+def test_a_pending_count_is_exact(tmp_path):
+    (tmp_path / "test" / "ros").mkdir(parents=True)
+    (tmp_path / "test" / "ros" / "test_t.py").write_text(
+        "import time\n\ndef test_t():\n    time.sleep(1)\n    time.sleep(2)\n")
+    module = "test/ros/test_t.py"
+    assert check_test_timing.check(tmp_path, {module: 2}) == []
+    assert len(check_test_timing.check(tmp_path, {module: 1})) == 2  # a relapse: all shown
+    fell = check_test_timing.check(tmp_path, {module: 3})
+    assert "lower its count" in fell[-1].message
+
+
+def test_drills_and_bench_may_measure_time(tmp_path):
+    for folder in ("drills", "bench", "ros"):
+        (tmp_path / "test" / folder).mkdir(parents=True)
+        (tmp_path / "test" / folder / "test_t.py").write_text(
+            "import time\n\ndef test_t():\n    time.sleep(1)\n")
+    assert [str(f.path) for f in check_test_timing.check(tmp_path)] == ["test/ros/test_t.py"]
+
+
+@pytest.mark.parametrize("line", [
+    "time.sleep(0.5)",
+    "await asyncio.sleep(0.05)",
+    "sleep(1)",
+    "time.sleep(0.5)  # let the frame arrive",
+])
+def test_a_sleep_without_a_pacing_reason_is_flagged(line):
+    assert flagged(f"async def test_t():\n    {line}\n") == ["sleep without"]
+
+
+@pytest.mark.parametrize("line", [
+    "time.sleep(1 / 30)  # paces: the simulated camera's 30 Hz",
+    "await asyncio.sleep(0)",  # yields to the loop once, waits for no time
+    "stop.wait(0.1)",
+])
+def test_a_pacing_sleep_or_a_yield_is_allowed(line):
+    assert flagged(f"async def test_t():\n    {line}\n") == []
+
+
+@pytest.mark.parametrize("assertion", [
+    "assert took < 2.0",
+    "assert took_s <= 5",
+    "assert max(late) < 1.0",
+    "assert time.monotonic() - t0 < 10",
+    "assert 1.0 <= elapsed < 5.0",
+    "assert 2.0 > result.total_s",
+    "assert statistics.median(latency) < BOUND_S",
+])
+def test_a_duration_below_a_number_is_flagged(assertion):
+    assert flagged(f"BOUND_S = 1.5\n\ndef test_t():\n    {assertion}\n") == ["duration bound"]
+
+
+@pytest.mark.parametrize("assertion", [
+    "assert took > 0",  # a lower bound proves it waited, not that it was fast
+    "assert elapsed < deadline",  # against another measurement, not a number
+    "assert count < 5",
+    "assert status.level <= 1",
+])
+def test_other_comparisons_are_not(assertion):
+    assert flagged(f"def test_t():\n    {assertion}\n") == []
+
+
+def test_the_report_shows_met_missed_and_exceeded(tmp_path):
+    report = Report()
+    report.add(Figure("test_a", "cancel", 1.2, "s", 2.0, 20.0))
+    report.add(Figure("test_a", "idle", 3.5, "s", 2.0, 20.0))
+    report.add(Figure("test_b", "late", 30.0, "s", 2.0, 20.0))
+    report.write(tmp_path)
+    data = json.loads((tmp_path / "report.json").read_text())
+    assert [(f["name"], f["met"], f["within_bound"]) for f in data["figures"]] == [
+        ("cancel", True, True), ("idle", False, True), ("late", False, False)]
+    table = (tmp_path / "report.md").read_text()
+    assert "| test_a | cancel | 1.20 s | 2 s | met | 20 s | ok |" in table
+    assert "| test_a | idle | 3.50 s | 2 s | missed | 20 s | ok |" in table
+    assert "| test_b | late | 30.00 s | 2 s | missed | 20 s | EXCEEDED |" in table
+
+
+def test_a_target_above_its_hard_bound_is_refused():
+    with pytest.raises(ValueError, match="above its hard bound"):
+        Report().add(Figure("test_a", "cancel", 1.0, "s", 5.0, 2.0))

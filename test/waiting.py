@@ -1,0 +1,41 @@
+"""Waiting on state in tests: poll a condition until it holds, against a generous deadline.
+
+The deadline's expiry means "never happened", not "too slow": pick it far above what a loaded
+machine needs. Test modules wait through these helpers (or on events and futures) instead of
+sleeping; scripts/check_test_timing.py flags a bare sleep in a test module.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+POLL_S = 0.01  # how often a condition is read: short, so a wait ends soon after it holds
+
+
+def wait_until(condition: Callable[[], Any], timeout_s: float, what: str) -> Any:
+    """Return ``condition()``'s first true value; fail naming ``what`` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = condition()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"{what}: not within {timeout_s:g} s"
+        time.sleep(POLL_S)
+
+
+async def async_wait_until(condition: Callable[[], Any | Awaitable[Any]], timeout_s: float,
+                           what: str) -> Any:
+    """``wait_until`` on an event loop: ``condition`` may be a coroutine function."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = condition()
+        if inspect.isawaitable(value):
+            value = await value
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"{what}: not within {timeout_s:g} s"
+        await asyncio.sleep(POLL_S)
