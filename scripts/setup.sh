@@ -4,7 +4,9 @@
 # jazzy-py310 is Jazzy's wheels on Python 3.10 (Humble's Python) without vLLM (scripts/distro.sh).
 # Creates .venv-<distro> with the pinned ROS 2 wheels, vLLM (CPU build) and the tools, repairs
 # what those wheels get wrong on a CPU-only machine, builds both packages with colcon into
-# build/<distro>/, writes env-<distro>.sh to source, and builds the tiny test models.
+# build/<distro>/, builds the upstream launch/ros2cli/tf2/vision_msgs sources where
+# ../shared/ros-src exists (scripts/build_ros_src.sh), writes env-<distro>.sh to source, and
+# builds the tiny test models.
 # Idempotent: each step is skipped when its inputs have not changed (a re-run takes seconds).
 set -euo pipefail
 
@@ -87,6 +89,10 @@ else
   log "colcon build up to date"
 fi
 
+# 2b. Upstream ROS 2 parts with no PyPI wheels (ros2 launch/lifecycle/param, tf2, vision_msgs)
+#     from ../shared/ros-src when that folder exists; otherwise the tests needing them skip.
+bash "$ROOT/scripts/build_ros_src.sh" "$DISTRO"
+
 # 3. The env file: activate the venv, overlay the built packages, put the console scripts on
 #    PATH, isolate DDS to this host.
 cat > "$ENVFILE" <<EOF
@@ -95,6 +101,8 @@ cat > "$ENVFILE" <<EOF
 case \$- in *u*) _cr_nounset=1; set +u;; *) _cr_nounset=;; esac
 . "$VENV/bin/activate"
 export AMENT_PREFIX_PATH="\$VIRTUAL_ENV\${AMENT_PREFIX_PATH:+:\$AMENT_PREFIX_PATH}"
+# Upstream parts built from ../shared/ros-src (scripts/build_ros_src.sh), when there are any.
+if [ -f "$BUILD/ros-src/install/local_setup.sh" ]; then . "$BUILD/ros-src/install/local_setup.sh"; fi
 . "$BUILD/install/local_setup.sh"
 [ -n "\$_cr_nounset" ] && set -u
 unset _cr_nounset

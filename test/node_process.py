@@ -49,12 +49,7 @@ class NodeProcess:
 
     def __init__(self, preset: str = "cpu_demo", params: dict[str, object] | None = None,
                  remaps: Sequence[str] = (), env: dict[str, str] | None = None) -> None:
-        args = [sys.executable, "-m", "cosmos_reason_ros.ros.node", "--ros-args",
-                "--params-file", str(REPO_ROOT / "config" / f"{preset}.yaml")]
-        for name, value in (params or {}).items():
-            args += ["-p", f"{name}:={_ros_value(value)}"]
-        for remap in remaps:
-            args += ["-r", remap]
+        args = self.command(preset, params or {}, remaps)
         self.lines: list[str] = []
         self._eof = False
         self._cond = threading.Condition()
@@ -62,6 +57,15 @@ class NodeProcess:
             args, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}, start_new_session=True)
         threading.Thread(target=self._read, daemon=True).start()
+
+    def command(self, preset: str, params: dict[str, object],
+                remaps: Sequence[str]) -> list[str]:
+        """The command line: the node module, with the preset and overrides as ROS arguments.
+
+        A subclass starts the node another way (an installed executable, ``ros2 launch``).
+        """
+        return [sys.executable, "-m", "cosmos_reason_ros.ros.node",
+                *ros_arguments(preset, params, remaps)]
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
@@ -139,6 +143,16 @@ class NodeProcess:
         except subprocess.TimeoutExpired:
             return None
         return self.proc.returncode
+
+
+def ros_arguments(preset: str, params: dict[str, object], remaps: Sequence[str]) -> list[str]:
+    """``--ros-args --params-file <preset> -p name:=value ... -r remap ...``."""
+    args = ["--ros-args", "--params-file", str(REPO_ROOT / "config" / f"{preset}.yaml")]
+    for name, value in params.items():
+        args += ["-p", f"{name}:={_ros_value(value)}"]
+    for remap in remaps:
+        args += ["-r", remap]
+    return args
 
 
 def _ros_value(value: object) -> str:

@@ -480,8 +480,9 @@ SHUTDOWN_GOALS_AFTER_ENGINE_S = 1.0  # goals ended by closing the engine under t
 SHUTDOWN_RESULTS_LINGER_S = 0.5  # after the last result request: its answer and ~/results leave
 SHUTDOWN_RESULTS_WAIT_S = 3.0  # for the result requests of the goals the stop ended
 
-# vLLM starts its engine processes with 'spawn': they import this module as __mp_main__, and
-# there this makes them die with the node, even a SIGKILLed one (process_life.py).
+# vLLM starts its engine processes with 'spawn': they import this module as __mp_main__ (main
+# makes sure of it), and there this makes them die with the node, even a SIGKILLed one
+# (process_life.py).
 process_life.guard_spawned_child()
 
 
@@ -489,6 +490,9 @@ def main(args: list[str] | None = None) -> NoReturn:
     """Run the node as a process until SIGINT/SIGTERM (``ros/serve.py``)."""
     from cosmos_reason_ros.ros.serve import serve
 
+    # Started from an installed executable (ros2 run, ros2 launch), __main__ is a wrapper that
+    # spawned children would run instead of this module, leaving them unguarded.
+    process_life.spawn_children_from(__spec__.name)
     serve(args)
 
 

@@ -8,7 +8,10 @@ print ``KeyboardInterrupt`` tracebacks. Three mechanisms, each for one way a nod
 
 - ``guard_spawned_child`` (called by the node module at import): a spawned child imports its
   parent's ``__main__`` module as ``__mp_main__``, so every process the node spawns, and every
-  process those spawn, runs it first. There it asks the kernel for SIGKILL when its parent
+  process those spawn, runs it first -- whatever the entry point: ``main`` names the node
+  module as the main module of spawned children (``spawn_children_from``), so an installed
+  console script (``ros2 run``, ``ros2 launch``) gives them what ``python -m`` does. There
+  the guard asks the kernel for SIGKILL when its parent
   dies (``PR_SET_PDEATHSIG``; forked children arm it through ``os.register_at_fork``), then
   checks that the parent is still the one it started from. This holds even when the node is
   SIGKILLed. Linux sends the signal when the parent *thread* that started the child exits:
@@ -29,10 +32,12 @@ process group but stops only the node, which stops its engine itself.
 from __future__ import annotations
 
 import ctypes
+import importlib.util
 import logging
 import multiprocessing
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Iterable
@@ -113,6 +118,29 @@ def own_spawned_processes() -> None:
     """
     os.environ[PARENT_ENV] = str(os.getpid())
     os.register_at_fork(after_in_child=_arm)
+
+
+def spawn_children_from(module: str) -> None:
+    """Make every process spawned from this one run ``module`` as its main (``__mp_main__``).
+
+    multiprocessing's spawn tells the child which main module to run before anything else:
+    the parent's ``__main__.__spec__.name`` when it has one (``python -m``), else its file
+    path (``multiprocessing.spawn.get_preparation_data``; ``prepare`` in the child runs it as
+    ``__mp_main__``). The guard lives in the node module, and an installed console script
+    (what ``ros2 run`` and ``ros2 launch`` start) is a wrapper that imports the node only under
+    ``if __name__ == "__main__"``: its spawned children ran the wrapper, never armed, and
+    outlived a SIGKILLed node. The wrapper is written by setuptools, pip or the distro's build,
+    not by us. Naming the node module in ``__main__.__spec__`` -- the value ``-m`` sets --
+    gives every child exactly what ``python -m`` does, through the data multiprocessing reads
+    rather than a patch of its private functions, and only to the node's children, unlike an
+    interpreter start-up hook (``.pth``, ``sitecustomize``) that every Python process in the
+    environment would run. What it costs: functions of the wrapper cannot be spawn targets;
+    a wrapper defines none, and vLLM's targets live in vLLM's modules.
+    """
+    main = sys.modules.get("__main__")
+    if main is None or getattr(main.__spec__, "name", None) == module:
+        return
+    main.__spec__ = importlib.util.find_spec(module)
 
 
 def guard_spawned_child() -> None:

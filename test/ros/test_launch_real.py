@@ -1,0 +1,207 @@
+"""The real node started the way users start it, and what a SIGKILL of it leaves: nothing.
+
+What only this module proves: the other real-tier modules start ``python -m
+cosmos_reason_ros.ros.node``, whose spawned children (vLLM's engine core and worker) run that
+module as their main. Users start the installed ``cosmos_reason_node`` executable, directly
+(``ros2 run``) or through ``ros2 launch``: there the main module is the console-script wrapper,
+a different path through multiprocessing's spawn. Here the engine processes of a node started
+either way must end with it when it is SIGKILLed, and the real ``ros2 lifecycle`` and
+``ros2 param`` command lines drive and read the launched node. A fast test first shows, on a
+wrapper of the same shape, which main module spawned children run with and without
+``process_life.spawn_children_from``.
+
+The ``ros2`` command line (launch, launch_ros, ros2cli) has no PyPI wheel: ``make setup``
+builds it from ``../shared/ros-src`` where that folder exists (``scripts/build_ros_src.sh``);
+without it the launch test skips, and the direct executable test still runs.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("rclpy", reason="needs the ROS 2 wheels (make setup)")
+from node_process import NodeProcess, ProcessTree, ros_arguments  # noqa: E402
+
+pytestmark = [pytest.mark.ros]
+
+# vLLM's own multiprocessing (the default outside tests): the engine core is a child of the
+# node and its worker a grandchild, the processes a SIGKILLed node used to leave running.
+ENGINE_PROCESSES = {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
+GONE_S = 30.0  # bound for the engine processes to end after the node: expiry = "never"
+CLI_S = 120.0  # bound for one ros2 command (discovery and a lifecycle activation on 2 cores)
+
+
+def installed_executable() -> Path | None:
+    """``cosmos_reason_node`` where ``ros2 run`` finds it: lib/<package>/ of its prefix."""
+    try:
+        from ament_index_python.packages import PackageNotFoundError, get_package_prefix
+    except ImportError:
+        return None
+    try:
+        path = Path(get_package_prefix("cosmos_reason_ros")) / "lib" / "cosmos_reason_ros" \
+            / "cosmos_reason_node"
+    except PackageNotFoundError:
+        return None
+    return path if os.access(path, os.X_OK) else None
+
+
+class InstalledNode(NodeProcess):
+    """The installed executable, as ``ros2 run cosmos_reason_ros cosmos_reason_node`` runs it."""
+
+    def command(self, preset: str, params: dict[str, object],
+                remaps: Sequence[str]) -> list[str]:
+        executable = installed_executable()
+        assert executable is not None
+        return [str(executable), *ros_arguments(preset, params, remaps)]
+
+
+class LaunchedNode(NodeProcess):
+    """``ros2 launch cosmos_reason_ros cosmos_reason.launch.py`` with the preset, managed."""
+
+    def command(self, preset: str, params: dict[str, object],
+                remaps: Sequence[str]) -> list[str]:
+        return ["ros2", "launch", "cosmos_reason_ros", "cosmos_reason.launch.py",
+                f"config:={preset}", f"model:={params['engine.model']}", "lifecycle:=true"]
+
+
+def node_below(tree: ProcessTree) -> object:
+    """The node's process among those seen below ``ros2 launch``."""
+    ok = tree.wait_for(lambda t: any(_is_node(p) for p in t.seen()), GONE_S)
+    assert ok, f"no cosmos_reason_node process below ros2 launch: {tree.names()}"
+    return next(p for p in tree.seen() if _is_node(p))
+
+
+def _is_node(process) -> bool:
+    try:
+        return any(arg.endswith("/cosmos_reason_node") for arg in process.cmdline()[:2])
+    except Exception:  # noqa: BLE001 - ended meanwhile
+        return False
+
+
+def ros2(*args: str) -> str:
+    """Run a ``ros2`` verb without the daemon (it would outlive the test); return its output.
+
+    Without the daemon each command discovers the graph afresh, for half a second: on a loaded
+    machine that can miss the node ("Node not found", nothing sent), so it is asked again.
+    """
+    deadline = time.monotonic() + CLI_S
+    while True:
+        done = subprocess.run(["ros2", *args, "--no-daemon"], capture_output=True, text=True,
+                              timeout=CLI_S, check=False)
+        if "Node not found" not in done.stderr or time.monotonic() > deadline:
+            break
+    assert done.returncode == 0, f"ros2 {' '.join(args)}: {done.returncode}\n{done.stdout}" \
+        f"\n{done.stderr}"
+    return done.stdout
+
+
+def kill_node_and_check_nothing_remains(node: NodeProcess, tree: ProcessTree,
+                                        node_pid: int) -> None:
+    """SIGKILL the node; every process seen below it (the engine core, its worker) must end."""
+    engine = [p for p in tree.seen() if p.pid != node_pid]
+    assert engine, f"no engine process seen below the node: {tree.names()}"
+    os.kill(node_pid, signal.SIGKILL)
+    survivors = [p for p in tree.survivors_after(GONE_S) if p.pid != node.proc.pid]
+    assert not survivors, (
+        f"still alive {GONE_S:g} s after the node was SIGKILLed: "
+        f"{[(p.pid, p.name()) for p in survivors]}; seen: {tree.names()}\n"
+        f"{node.output[-3000:]}")
+
+
+# --- fast: what spawned children of a console-script wrapper run as their main ---------------
+
+# A module standing for the node: its main() spawns a child, which reports its main module.
+ENTRY_MODULE = textwrap.dedent("""
+    import multiprocessing, sys
+    from cosmos_reason_ros.ros import process_life
+
+    def report(queue):
+        queue.put(getattr(sys.modules["__main__"].__spec__, "name", None))
+
+    def main(fix):
+        if fix:
+            process_life.spawn_children_from("entry_module")
+        context = multiprocessing.get_context("spawn")
+        queue = context.Queue()
+        child = context.Process(target=report, args=(queue,))
+        child.start()
+        print("child main:", queue.get(timeout=120))
+        child.join(120)
+""")
+# The shape of setuptools' console script (what colcon and the distros' builds install): the
+# entry module is imported only under __main__, so a spawned child running this file as
+# __mp_main__ never imports it.
+WRAPPER = textwrap.dedent("""
+    import sys
+    if __name__ == "__main__":
+        from entry_module import main
+        sys.exit(main(sys.argv[1] == "fix"))
+""")
+
+
+@pytest.mark.parametrize("fix", [False, True], ids=["as-is", "spawn_children_from"])
+def test_children_spawned_under_a_console_script_run_the_entry_module(tmp_path, fix):
+    (tmp_path / "entry_module.py").write_text(ENTRY_MODULE)
+    (tmp_path / "wrapper").write_text(WRAPPER)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(tmp_path), str(Path(__file__).resolve().parents[2]),
+         os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, str(tmp_path / "wrapper"), "fix" if fix else "-"],
+                          capture_output=True, text=True, env=env, timeout=180, check=False)
+    assert done.returncode == 0, done.stderr
+    # Without it the child runs the wrapper (no spec): the node's guard would never be armed.
+    expected = "entry_module" if fix else "None"
+    assert f"child main: {expected}" in done.stdout, done.stdout + done.stderr
+
+
+# --- real: the installed executable and ros2 launch, SIGKILLed -----------------------------
+
+
+@pytest.mark.engine
+@pytest.mark.slow
+def test_sigkilled_installed_executable_leaves_no_engine_process(tiny_qwen3_vl):
+    if installed_executable() is None:
+        pytest.skip("cosmos_reason_node is not installed (make setup builds it with colcon)")
+    node = InstalledNode("cpu_demo", {"engine.model": str(tiny_qwen3_vl)},
+                         env=ENGINE_PROCESSES)
+    tree = ProcessTree(node.proc.pid)
+    try:
+        node.wait_ready()
+        kill_node_and_check_nothing_remains(node, tree, node.proc.pid)
+    finally:
+        node.stop()
+        tree.close()
+
+
+@pytest.mark.engine
+@pytest.mark.slow
+@pytest.mark.every_distro  # launch, launch_ros and ros2cli are each distro's own
+def test_launched_node_answers_ros2_lifecycle_and_param_and_dies_whole(tiny_qwen3_vl):
+    if shutil.which("ros2") is None:
+        pytest.skip("no ros2 command line: make setup builds it from ../shared/ros-src "
+                    "(scripts/build_ros_src.sh) where that folder exists")
+    node = LaunchedNode("cpu_demo", {"engine.model": str(tiny_qwen3_vl)}, env=ENGINE_PROCESSES)
+    tree = ProcessTree(node.proc.pid)
+    try:
+        assert node.wait_for_line("waiting for configure and activate", 120.0), \
+            node.output[-3000:]
+        ros2("lifecycle", "set", "/cosmos_reason", "configure")
+        ros2("lifecycle", "set", "/cosmos_reason", "activate")
+        node.wait_ready()
+        assert "active [3]" in ros2("lifecycle", "get", "/cosmos_reason")
+        assert "Integer value is: 512" in ros2("param", "get", "/cosmos_reason",
+                                              "limits.max_tokens")
+        kill_node_and_check_nothing_remains(node, tree, node_below(tree).pid)
+    finally:
+        node.stop()
+        tree.close()
