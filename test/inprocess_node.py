@@ -112,6 +112,7 @@ class InProcessNode:
         self.results: list[ReasoningResult] = []
         self.diagnostics: list[DiagnosticStatus] = []  # this node's /diagnostics statuses
         self._results_cond = threading.Condition()
+        self._feedback_log: dict[str, list[Any]] | None = None  # watch_feedback()
         self.side.node.create_subscription(ReasoningResult, "/cosmos_reason/results",
                                            self._on_result, 50)
         self.side.node.create_subscription(DiagnosticArray, "/diagnostics",
@@ -182,6 +183,55 @@ class InProcessNode:
             assert time.monotonic() < deadline, "frames did not arrive"
             time.sleep(0.01)
 
+    def watch_feedback(self, timeout_s: float = 10.0) -> dict[str, list[Any]]:
+        """Record every goal's feedback as a second subscriber sees it: goal id (hex) -> list.
+
+        Unlike a goal's feedback callback, which rclpy's ActionClient drops once the goal's
+        result has arrived, this sees feedback that trails the result (``feedback_of``).
+        Returns once a marker goal's feedback has reached the log, so the log's subscription
+        reaches the node's writer before the goals it is to watch are sent: otherwise a goal
+        that must get no feedback would pass whether or not it got some.
+        """
+        if self._feedback_log is None:
+            self._feedback_log = {}
+            self.side.node.create_subscription(Reason.Impl.FeedbackMessage,
+                                               "/cosmos_reason/reason/_action/feedback",
+                                               self._on_feedback, ACTION_QOS)
+            self._marker(timeout_s)
+        return self._feedback_log
+
+    def _on_feedback(self, msg: Any) -> None:
+        with self._results_cond:
+            self._feedback_log.setdefault(bytes(msg.goal_id.uuid).hex(), []).append(
+                msg.feedback)
+            self._results_cond.notify_all()
+
+    def _marker(self, timeout_s: float) -> None:
+        """Send a goal that gets stage feedback and ends without reaching the engine (the
+        next frame, which does not come while the test publishes none: NO_IMAGE); wait until
+        its feedback is in the log and its result is back."""
+        marker = self.send(prompt="Marker.", source=Reason.Goal.SOURCE_NEXT,
+                           wait_for_image_s=0.05, feedback=Reason.Goal.FEEDBACK_STAGES)
+        assert marker.accepted, "marker goal rejected"
+        marker_id = bytes(marker.goal_id.uuid).hex()
+        with self._results_cond:
+            ok = self._results_cond.wait_for(lambda: marker_id in self._feedback_log,
+                                             timeout_s)
+            assert ok, "the marker goal's feedback never reached the feedback log"
+        self.result(marker, timeout_s)
+
+    def feedback_of(self, handle: Any, timeout_s: float = 10.0) -> list[Any]:
+        """All feedback of the ended goal ``handle``, none left on the way (``watch_feedback``
+        before the goal was sent).
+
+        The node publishes all feedback on one topic in order, so a marker goal's feedback,
+        sent after ``handle``'s goal ended, follows every message of that goal.
+        """
+        assert self._feedback_log is not None, "watch_feedback() before sending the goal"
+        self._marker(timeout_s)
+        with self._results_cond:
+            return list(self._feedback_log.get(bytes(handle.goal_id.uuid).hex(), []))
+
     def on_client_thread(self, call: Callable[[], Any]) -> Any:
         """Run ``call`` on the action client's executor thread; return what it returned."""
         return _wait_future(self.client_side.executor.create_task(call), 10.0)
@@ -218,6 +268,33 @@ class InProcessNode:
                 lambda: any(predicate(r) for r in self.results), timeout_s)
             assert ok, "no matching ~/results message"
             return next(r for r in self.results if predicate(r))
+
+    def stop_node(self) -> Callable[[float], None]:
+        """Begin the node's own stop (``ReasonNode.close``, what a shutdown runs) on a thread.
+
+        The executor keeps spinning and the client side stays up, so the results of the goals
+        the stop ends can still be asked for (the stop serves them before its action server
+        goes). Returns ``join(timeout_s)``, which fails if the stop has not ended by then.
+        ``close()`` afterwards tears the rest down (the node's close is idempotent).
+        """
+        errors: list[BaseException] = []
+
+        def stop() -> None:
+            try:
+                self.node.close()
+            except BaseException as exc:  # noqa: BLE001 - handed to join()
+                errors.append(exc)
+
+        thread = threading.Thread(target=stop, name="node_stop", daemon=True)
+        thread.start()
+
+        def join(timeout_s: float) -> None:
+            thread.join(timeout_s)
+            assert not thread.is_alive(), f"the node's stop did not end within {timeout_s:g} s"
+            if errors:
+                raise errors[0]
+
+        return join
 
     def close(self) -> None:
         """Tear down both sides."""

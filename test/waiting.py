@@ -16,19 +16,23 @@ from typing import Any
 POLL_S = 0.01  # how often a condition is read: short, so a wait ends soon after it holds
 
 
-def wait_until(condition: Callable[[], Any], timeout_s: float, what: str) -> Any:
-    """Return ``condition()``'s first true value; fail naming ``what`` after ``timeout_s``."""
+def wait_until(condition: Callable[[], Any], timeout_s: float, what: str,
+               poll_s: float = POLL_S) -> Any:
+    """Return ``condition()``'s first true value; fail naming ``what`` after ``timeout_s``.
+
+    ``poll_s``: longer where reading the condition costs (a browser's script, a probe goal).
+    """
     deadline = time.monotonic() + timeout_s
     while True:
         value = condition()
         if value:
             return value
         assert time.monotonic() < deadline, f"{what}: not within {timeout_s:g} s"
-        time.sleep(POLL_S)
+        time.sleep(poll_s)
 
 
 async def async_wait_until(condition: Callable[[], Any | Awaitable[Any]], timeout_s: float,
-                           what: str) -> Any:
+                           what: str, poll_s: float = POLL_S) -> Any:
     """``wait_until`` on an event loop: ``condition`` may be a coroutine function."""
     deadline = time.monotonic() + timeout_s
     while True:
@@ -38,4 +42,4 @@ async def async_wait_until(condition: Callable[[], Any | Awaitable[Any]], timeou
         if value:
             return value
         assert time.monotonic() < deadline, f"{what}: not within {timeout_s:g} s"
-        await asyncio.sleep(POLL_S)
+        await asyncio.sleep(poll_s)

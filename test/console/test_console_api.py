@@ -30,6 +30,7 @@ from console_client import WAIT_S, next_json, next_picture  # noqa: E402
 from console_process import ConsoleProcess  # noqa: E402
 from fake_engine import Script, answers_the_task, request_text  # noqa: E402
 from inprocess_node import InProcessNode, image_msg  # noqa: E402
+from waiting import async_wait_until  # noqa: E402
 
 from cosmos_reason_ros.console import server  # noqa: E402
 from cosmos_reason_ros.console.ros_bridge import ConsoleBridge  # noqa: E402
@@ -106,10 +107,7 @@ def run(test: Callable[..., Awaitable[None]], **kwargs: Any) -> None:
 
 async def wait_until(condition: Callable[[], bool], timeout_s: float = WAIT_S) -> None:
     """Yield to the console's loop until ``condition()`` holds."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.01)
+    await async_wait_until(condition, timeout_s, "condition")
 
 
 def node_message(task: str, prompt: str = "", targets: tuple[str, ...] = ()) -> str:

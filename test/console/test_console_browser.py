@@ -41,6 +41,7 @@ from node_process import (  # noqa: E402
 )
 from sensor_msgs.msg import Image  # noqa: E402
 from spun_node import SpunNode  # noqa: E402
+from waiting import wait_until  # noqa: E402
 
 from cosmos_reason_interfaces.msg import ReasoningResult  # noqa: E402
 from cosmos_reason_ros.core import prompts  # noqa: E402
@@ -170,15 +171,13 @@ def stack(browser_paths, tiny_qwen3_vl):
 
 def wait_for(driver: Any, script: str, timeout_s: float = WAIT_S, what: str = "") -> Any:
     """Evaluate ``script`` (a JS expression) in the page until it is truthy; return it."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = driver.execute_script(f"return {script};")
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            shot(driver, "timeout")
-            raise AssertionError(f"page: {what or script} not within {timeout_s} s")
-        time.sleep(0.1)
+    try:
+        # Each read runs a script in the browser: a tenth of a second apart.
+        return wait_until(lambda: driver.execute_script(f"return {script};"), timeout_s,
+                          f"page: {what or script}", poll_s=0.1)
+    except AssertionError:
+        shot(driver, "timeout")
+        raise
 
 
 def shot(driver: Any, name: str) -> Path:

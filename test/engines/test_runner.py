@@ -11,6 +11,7 @@ import threading
 from collections.abc import AsyncIterator
 
 import pytest
+from waiting import async_wait_until
 
 from cosmos_reason_ros.core.types import (
     BadRequestError,
@@ -61,8 +62,8 @@ class FakeEngine(Engine):
         self._loop = asyncio.get_running_loop()
         self._release = asyncio.Event()
         if self.start_gate is not None:
-            while not self.start_gate.is_set():  # keep the loop usable while "loading"
-                await asyncio.sleep(0.01)
+            # "Loading" until the test opens the gate, the loop free for other calls meanwhile.
+            await async_wait_until(self.start_gate.is_set, WAIT_S, "the start gate opened")
         if self.start_error is not None:
             raise self.start_error
         self.started = True

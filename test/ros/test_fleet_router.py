@@ -42,6 +42,7 @@ from node_process import (  # noqa: E402
 from sensor_msgs.msg import Image  # noqa: E402
 from servers import VllmRouter, VllmServer, free_port  # noqa: E402
 from spun_node import SpunNode  # noqa: E402
+from waiting import wait_until  # noqa: E402
 
 from cosmos_reason_interfaces.action import Reason  # noqa: E402
 from cosmos_reason_ros.bench import stats  # noqa: E402
@@ -58,10 +59,10 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 def wait_for(condition: Callable[[], bool], what: str,
              context: Callable[[], str] = str, timeout_s: float = WAIT_S) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"not within {timeout_s} s: {what}\n{context()}"
-        time.sleep(0.1)
+    try:
+        wait_until(condition, timeout_s, what, poll_s=0.1)
+    except AssertionError as error:
+        raise AssertionError(f"{error}\n{context()}") from None
 
 
 @dataclass

@@ -9,7 +9,6 @@ its subscription. The engine is an unreachable server: nothing here needs one.
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 
@@ -19,6 +18,7 @@ from node_process import NodeProcess, rgb_image_msg, scene  # noqa: E402
 from rclpy.qos import QoSProfile, ReliabilityPolicy  # noqa: E402
 from sensor_msgs.msg import Image  # noqa: E402
 from spun_node import SpunNode  # noqa: E402
+from waiting import wait_until  # noqa: E402
 
 from cosmos_reason_ros.client import ReasonClient  # noqa: E402
 from cosmos_reason_ros.core.types import ErrorCode  # noqa: E402
@@ -59,14 +59,11 @@ def test_renamed_node_takes_remapped_frames_on_its_ingest_node(renamed_node):
                                    QoSProfile(depth=5, reliability=ReliabilityPolicy.RELIABLE))
     try:
         assert side.wait_matched(camera), "the ingest node's subscription was not found"
-        deadline = time.monotonic() + 30
         expected = sorted([NAME, f"{NAME}_ingest"])
-        while time.monotonic() < deadline:  # node names arrive after the endpoints
-            names = sorted(n for n in node.get_node_names() if n.startswith(NAME))
-            if names == expected:
-                break
-            time.sleep(0.05)
-        assert names == expected
+        # Node names arrive after the endpoints.
+        wait_until(lambda: sorted(n for n in node.get_node_names()
+                                  if n.startswith(NAME)) == expected, 30.0,
+                   f"node names {expected}", poll_s=0.05)
         camera.publish(rgb_image_msg(scene(64, 48), side.now_ns()))
         assert received.wait(20), f"frames not counted; last diagnostics: {diagnostics}"
         with ReasonClient(f"/{NAME}/reason") as client:

@@ -9,24 +9,25 @@ from __future__ import annotations
 
 import math
 import threading
-import time
 
 import numpy as np
 import pytest
 
 rclpy = pytest.importorskip("rclpy", reason="needs the ROS 2 wheels (make setup)")
 from action_msgs.msg import GoalStatus  # noqa: E402
-from fake_engine import Script  # noqa: E402
+from fake_engine import Gate, Script  # noqa: E402
 from geometry_msgs.msg import PointStamped, TransformStamped  # noqa: E402
 from inprocess_node import InProcessNode  # noqa: E402
 from sensor_msgs.msg import CameraInfo, Image  # noqa: E402
 from visualization_msgs.msg import MarkerArray  # noqa: E402
+from waiting import wait_until  # noqa: E402
 
 from cosmos_reason_interfaces.msg import ReasoningResult  # noqa: E402
 from cosmos_reason_ros.core.rgbd import CameraModel  # noqa: E402
 from cosmos_reason_ros.ros.target_frame import TargetFrame  # noqa: E402
 
 pytestmark = [pytest.mark.ros]
+WAIT_S = 10.0  # generous: a wait that runs out means the event never happened
 W, H = 64, 48
 K = (60.0, 0.0, 32.0, 0.0, 60.0, 24.0, 0.0, 0.0, 1.0)
 MODEL = CameraModel(fx=60.0, fy=60.0, cx=32.0, cy=24.0, width=W, height=H)
@@ -81,17 +82,24 @@ class Rig:
         self.depth.publish(depth_msg(stamp + depth_skew_ns, metres, **depth_kwargs))
         self.n.publish(stamp, width=W, height=H)
         node = self.n.node
-        deadline = time.monotonic() + 10.0
-        while node.camera.depth_history.stats().received < 1 \
-                or node.camera.camera_model() is None or node.history.stats().received < 1:
-            assert time.monotonic() < deadline, (
-                f"arrived: depth={node.camera.depth_history.stats().received} "
-                f"camera_info={node.camera.camera_model() is not None} "
-                f"colour={node.history.stats().received}")
+
+        def arrived() -> bool:
+            if node.camera.depth_history.stats().received >= 1 \
+                    and node.camera.camera_model() is not None \
+                    and node.history.stats().received >= 1:
+                return True
             # CameraInfo is best effort (as drivers publish it, with every frame): a sample
             # sent right after discovery can be lost, so it is repeated like a driver does.
             self.info.publish(info_msg())
-            time.sleep(0.05)
+            return False
+
+        try:
+            wait_until(arrived, WAIT_S, "depth, camera info and colour frame", poll_s=0.05)
+        except AssertionError as error:
+            raise AssertionError(
+                f"{error}; arrived: depth={node.camera.depth_history.stats().received} "
+                f"camera_info={node.camera.camera_model() is not None} "
+                f"colour={node.history.stats().received}") from None
         return stamp
 
     def wait(self, sink: list, count: int = 1):
@@ -235,20 +243,17 @@ def test_the_depth_frame_is_kept_through_a_long_generation(rig):
     # Depth matched when the colour frame is chosen: newer depth frames evicting it from a
     # short history while the model generates must not lose it (found through the demo).
     r = rig({"depth.history_frames": 2})
-    r.n.engine.script = lambda req: Script(deltas=[BOX_ANSWER], first_delay_s=0.5)
+    gate = Gate()  # the answer is held until the matching depth frame has left the history
+    r.n.engine.script = lambda req: Script(deltas=[BOX_ANSWER], gate=gate)
     stamp = r.frame(1.0)
     handle = r.n.send(task="ground", targets=["crate"])
-    deadline = time.monotonic() + 5
-    while not r.n.engine.running:
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
+    r.n.engine.wait_generating(1, WAIT_S)
     for k in range(1, 5):  # newer depth frames fill the 2-frame history
         r.depth.publish(depth_msg(stamp + k * 1_000_000_000, 3.0))
     history = r.n.node.camera.depth_history
-    while history.stats().evicted < 3:  # the matching frame is gone before the answer ends
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
-    assert not r.n.engine.requests or r.n.engine.running
+    wait_until(lambda: history.stats().evicted >= 3, WAIT_S, "the matching depth frame evicted")
+    assert r.n.engine.running and gate.held  # still generating: the answer has not ended
+    gate.release()
     status, result = r.n.result(handle)
     assert status == GoalStatus.STATUS_SUCCEEDED
     assert result.lift_code == ReasoningResult.LIFT_OK, result.lift_message

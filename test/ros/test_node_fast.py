@@ -8,8 +8,6 @@ paths end to end with vLLM.
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 rclpy = pytest.importorskip("rclpy", reason="needs the ROS 2 wheels (make setup)")
@@ -17,6 +15,7 @@ from action_msgs.msg import GoalStatus  # noqa: E402
 from fake_engine import Script  # noqa: E402
 from inprocess_node import InProcessNode  # noqa: E402
 from rclpy.parameter import Parameter  # noqa: E402
+from waiting import wait_until  # noqa: E402
 
 from cosmos_reason_interfaces.action import Reason  # noqa: E402
 from cosmos_reason_ros.core.types import EngineError, ErrorCode, FinishReason  # noqa: E402
@@ -24,6 +23,7 @@ from cosmos_reason_ros.core.types import EngineError, ErrorCode, FinishReason  #
 pytestmark = [pytest.mark.ros]
 Goal = Reason.Goal
 NS = 1_000_000_000
+WAIT_S = 10.0  # generous: a wait that runs out means the event never happened
 
 
 @pytest.fixture
@@ -40,23 +40,28 @@ def make_node():
         node.close()
 
 
-def stages(feedback, expected: list[str] | None = None, timeout_s: float = 3.0) -> list[str]:
-    """Distinct stages in order of first appearance.
+def distinct_stages(feedback) -> list[str]:
+    """The stages of ``feedback``, each once, in the order of their first appearance."""
+    seen: list[str] = []
+    for fb in list(feedback):
+        if fb.stage not in seen:
+            seen.append(fb.stage)
+    return seen
 
-    With ``expected`` this waits (bounded) until that many stages are in. Call it before
-    asking for the result: feedback is a topic and the result a service, so the last feedback
-    can arrive after the result, and rclpy's ActionClient drops a goal's feedback callback
-    once the result has arrived.
+
+def stages(feedback, expected: list[str]) -> list[str]:
+    """Wait until as many distinct stages as ``expected`` are in; return them in order.
+
+    Call it before asking for the result: feedback is a topic and the result a service, so
+    the last feedback can arrive after the result, and rclpy's ActionClient drops a goal's
+    feedback callback once the result has arrived.
     """
-    deadline = time.monotonic() + timeout_s
-    while True:
-        seen: list[str] = []
-        for fb in list(feedback):
-            if fb.stage not in seen:
-                seen.append(fb.stage)
-        if expected is None or len(seen) >= len(expected) or time.monotonic() > deadline:
-            return seen
-        time.sleep(0.01)
+    return wait_until(lambda: len(seen := distinct_stages(feedback)) >= len(expected) and seen,
+                      WAIT_S, f"feedback stages {expected}")
+
+
+def text_of(feedback) -> str:
+    return "".join(fb.text_delta for fb in list(feedback))
 
 
 def test_latest_frame_goal_succeeds_with_the_frame_header_and_answer(make_node):
@@ -88,8 +93,8 @@ def test_feedback_stages_follow_the_documented_order_per_source(make_node, sourc
     n.wait_frames(5)
     feedback: list = []
     handle = n.send(feedback, prompt="What happens?", source=source, wait_for_image_s=2.0)
-    if source == Goal.SOURCE_NEXT:
-        time.sleep(0.1)
+    if source == Goal.SOURCE_NEXT:  # the frame it waits for, once it waits
+        stages(feedback, ["queued", "waiting_for_image"])
         n.publish()
     assert stages(feedback, expected) == expected
     status, _ = n.result(handle)
@@ -116,10 +121,7 @@ def test_cancel_aborts_the_engine_request_and_keeps_the_partial_text(make_node):
     n.wait_frames(1)
     feedback: list = []
     handle = n.send(feedback, prompt="Describe at length.")
-    deadline = time.monotonic() + 5
-    while sum(len(fb.text_delta) for fb in feedback) < 20:
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
+    wait_until(lambda: len(text_of(feedback)) >= 20, WAIT_S, "20 characters of feedback")
     handle.cancel_goal_async()
     status, result = n.result(handle)
     assert status == GoalStatus.STATUS_CANCELED
@@ -195,8 +197,9 @@ def test_next_waits_for_a_frame_after_acceptance(make_node):
     n = make_node()
     n.publish()
     n.wait_frames(1)
-    handle = n.send(prompt="Next?", source=Goal.SOURCE_NEXT, wait_for_image_s=3.0)
-    time.sleep(0.2)
+    feedback: list = []
+    handle = n.send(feedback, prompt="Next?", source=Goal.SOURCE_NEXT, wait_for_image_s=3.0)
+    stages(feedback, ["queued", "waiting_for_image"])  # it waits: the frame comes after
     later = n.publish()
     status, result = n.result(handle)
     assert status == GoalStatus.STATUS_SUCCEEDED
@@ -252,10 +255,8 @@ def test_feedback_is_throttled_to_the_rate_and_loses_no_text(make_node):
     feedback: list = []
     handle = n.send(feedback, prompt="Count.")
     text = "".join(f"{i} " for i in range(60))
-    deadline = time.monotonic() + 10.0  # before the result: see stages()
-    while "".join(fb.text_delta for fb in feedback) != text:
-        assert time.monotonic() < deadline, "feedback text differs from the deltas"
-        time.sleep(0.01)
+    # Before the result (see stages()); never complete if text was lost.
+    wait_until(lambda: text_of(feedback) == text, WAIT_S, "feedback text equal to the deltas")
     status, result = n.result(handle)
     assert status == GoalStatus.STATUS_SUCCEEDED and result.raw_text == text
     with_text = [fb for fb in feedback if fb.text_delta]
@@ -276,10 +277,10 @@ def test_feedback_of_many_goals_shares_the_total_rate_and_loses_no_text(make_nod
         status, result = n.result(handle)
         assert status == GoalStatus.STATUS_SUCCEEDED
     text = "".join(f"{i} " for i in range(60))
-    deadline = time.monotonic() + 10.0  # feedback may trail the result: see stages()
-    while any("".join(fb.text_delta for fb in f) != text for f in feedbacks):
-        assert time.monotonic() < deadline, "feedback text differs from the deltas"
-        time.sleep(0.01)
+    # Feedback may trail the result (see stages()): each goal's whole text is the outcome to
+    # wait for, and it never completes if some was lost.
+    wait_until(lambda: all(text_of(f) == text for f in feedbacks), WAIT_S,
+               "every goal's feedback text equal to the deltas")
     with_text = sum(1 for f in feedbacks for fb in f if fb.text_delta)
     assert 5 <= with_text <= 20, with_text
 
@@ -291,12 +292,13 @@ def test_a_goal_gets_the_feedback_it_asked_for(make_node, level, expected):
     n = make_node(script=lambda r: Script(deltas=["a ", "b ", "c"], delay_s=0.01))
     n.publish()
     n.wait_frames(1)
-    feedback: list = []
-    status, result = n.result(n.send(feedback, prompt="Say it.", feedback=level))
+    n.watch_feedback()  # sees feedback that trails the result, which the client drops
+    handle = n.send(prompt="Say it.", feedback=level)
+    status, result = n.result(handle)
     assert status == GoalStatus.STATUS_SUCCEEDED and result.answer == "a b c"
-    time.sleep(0.5)  # feedback may trail the result: none may come for FEEDBACK_NONE
+    feedback = n.feedback_of(handle)  # all of it: none is left on the way
     stages_seen = [fb.stage for fb in feedback if not fb.text_delta]
-    text = "".join(fb.text_delta for fb in feedback)
+    text = text_of(feedback)
     got = {("queued", "a b c"): "stages and text", ("queued", ""): "stages",
            (None, ""): "nothing"}.get((stages_seen[0] if stages_seen else None, text))
     assert got == expected, (stages_seen, text)
@@ -331,10 +333,7 @@ def test_goal_timeout_while_queued_names_the_slot_wait(make_node):
     n.publish()
     n.wait_frames(1)
     filler = n.send(prompt="long")
-    deadline = time.monotonic() + 5
-    while not n.engine.running:
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
+    n.engine.wait_generating(1)  # it holds the one slot
     status, result = n.ask(prompt="short", timeout_s=0.3)
     assert status == GoalStatus.STATUS_ABORTED and result.error_code == ErrorCode.TIMEOUT
     assert "goal timed out while waiting for a free slot" in result.error_message
@@ -351,11 +350,8 @@ def test_50_goals_cancelled_at_once_all_end_canceled_and_every_request_is_aborte
     n.wait_frames(1)
     handles = [n.send(prompt=f"long {i}") for i in range(50)]
     assert all(h.accepted for h in handles)
-    deadline = time.monotonic() + 60  # generous: a loaded machine admits 50 goals slowly
-    while len(n.engine.running) < 50:
-        assert time.monotonic() < deadline, f"{len(n.engine.running)} of 50 generating"
-        time.sleep(0.01)
-    time.sleep(0.3)  # every goal has a token or more
+    # Every goal has a token or more. Generous: a loaded machine admits 50 goals slowly.
+    n.engine.wait_generating(50, timeout_s=60.0)
     for h in handles:
         h.cancel_goal_async()
     results = [n.result(h) for h in handles]

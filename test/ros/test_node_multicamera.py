@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from typing import Any
 
 import numpy as np
@@ -22,6 +21,7 @@ from action_msgs.msg import GoalStatus  # noqa: E402
 from fake_engine import Script  # noqa: E402
 from inprocess_node import BASE_PARAMS, InProcessNode  # noqa: E402
 from sensor_msgs.msg import Image  # noqa: E402
+from waiting import wait_until  # noqa: E402
 
 from cosmos_reason_interfaces.action import Reason  # noqa: E402
 from cosmos_reason_ros.core.annotate import draw_annotations  # noqa: E402
@@ -71,10 +71,7 @@ def stamp_ns(header: Any) -> int:
 
 
 def wait_for(predicate, timeout_s: float = 10.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.01)
+    wait_until(predicate, timeout_s, what)
 
 
 # --- parameters ----------------------------------------------------------------------------

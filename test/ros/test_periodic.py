@@ -11,11 +11,11 @@ result published before that never reaches a late subscriber, which is what the 
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 
 rclpy = pytest.importorskip("rclpy", reason="needs the ROS 2 wheels (make setup)")
+import waiting  # noqa: E402
 from fake_engine import Script  # noqa: E402
 from inprocess_node import InProcessNode  # noqa: E402
 
@@ -44,11 +44,8 @@ def make_node():
         node.close()
 
 
-def wait_until(predicate, timeout_s: float = 5.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.005)
+def wait_until(predicate, timeout_s: float = 10.0, what: str = "condition") -> None:
+    waiting.wait_until(predicate, timeout_s, what)
 
 
 def periodic_results(n: InProcessNode) -> list:

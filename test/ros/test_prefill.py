@@ -23,6 +23,7 @@ from rcl_interfaces.srv import SetParameters  # noqa: E402
 from rclpy.qos import QoSProfile, ReliabilityPolicy  # noqa: E402
 from sensor_msgs.msg import Image  # noqa: E402
 from spun_node import SpunNode  # noqa: E402
+from waiting import wait_until  # noqa: E402
 
 from cosmos_reason_ros.client import ReasonClient  # noqa: E402
 from cosmos_reason_ros.core import query  # noqa: E402
@@ -90,9 +91,7 @@ def io(node, tiny_qwen3_vl):
             typed = ParameterValue(type=ParameterType.PARAMETER_DOUBLE, double_value=value)
         param = Parameter(name=name, value=typed)
         future = io.set_params.call_async(SetParameters.Request(parameters=[param]))
-        deadline = time.monotonic() + 10
-        while not future.done() and time.monotonic() < deadline:
-            time.sleep(0.02)
+        wait_until(future.done, 30.0, f"the node set {name}")
         return future.result().results[0]
 
     io.publish_new_frame, io.wait_diag, io.set_param = publish_new_frame, wait_diag, set_param
@@ -124,9 +123,9 @@ def test_goal_on_a_prefilled_frame_reports_the_image_as_cached(io):
 
     # Control, same run: with prefill off, a goal on a new frame computes the image itself.
     assert io.set_param("prefill.enabled", False).successful
-    io.wait_diag(lambda d: d["prefill_enabled"] == "False")
-    io.publish_new_frame()
-    time.sleep(0.5)  # the frame arrives; nothing prefills it
+    off = io.wait_diag(lambda d: d["prefill_enabled"] == "False")
+    io.publish_new_frame()  # the frame arrives; nothing prefills it
+    io.wait_diag(lambda d: counter(d, "frames_received") > counter(off, "frames_received"))
     control = io.client.ask("What is on the table?", max_tokens=4)
     assert control.ok, control.error_message
     assert control.message.cached_prompt_tokens < io.image_tokens - BLOCK <= cached
@@ -143,7 +142,7 @@ def test_no_prefill_starts_while_a_goal_runs(io):
     busy = io.wait_diag(lambda d: d["goals_active"] == "1", 20)
     for _ in range(3):  # new frames while the goal generates
         io.publish_new_frame()
-        time.sleep(0.05)
+        time.sleep(0.05)  # paces: a camera's frames, one after another while the goal runs
     during = io.wait_diag(lambda d: counter(d, "prefill_skipped")
                           > counter(busy, "prefill_skipped"))
     assert not handle.future.done(), "the goal ended before frames arrived: inconclusive"

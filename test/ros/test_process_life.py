@@ -208,7 +208,11 @@ def test_close_delivers_the_aborted_result_of_every_accepted_goal():
         closer.start()
         for name, handle in handles.items():
             if name == "queued":
-                time.sleep(3 * SHUTDOWN_RESULTS_LINGER_S)
+                # Its goal has ended (the stop ended every goal); its result is asked for
+                # late, as a loaded client would, past the linger after the last request.
+                wait_until(lambda: not (n.node.slots.running or n.node.slots.queued), 10.0,
+                           "the stop ended every goal")
+                time.sleep(3 * SHUTDOWN_RESULTS_LINGER_S)  # paces: a client that asks late
             status, msg = n.result(handle, 10.0)
             assert status == GoalStatus.STATUS_ABORTED, name
             assert msg.error_code == ErrorCode.ENGINE_UNAVAILABLE, (name, msg.error_message)

@@ -31,6 +31,7 @@ from node_process import NodeProcess, rgb_image_msg, scene  # noqa: E402
 from sensor_msgs.msg import Image  # noqa: E402
 from servers import free_port  # noqa: E402
 from spun_node import SpunNode  # noqa: E402
+from waiting import wait_until  # noqa: E402
 
 from cosmos_reason_ros.client import ReasonClient  # noqa: E402
 from cosmos_reason_ros.core.types import ErrorCode  # noqa: E402
@@ -93,20 +94,21 @@ def server():
                                 start_new_session=True)
     try:
         t0 = time.monotonic()
-        while True:
+
+        def healthy() -> bool:
             if proc.poll() is not None:
                 raise RuntimeError(f"vllm server exited ({proc.returncode}):\n"
                                    + log.read_text()[-4000:])
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
+                    return r.status == 200
             except OSError:
-                pass
-            if time.monotonic() - t0 > SERVER_START_TIMEOUT_S:
-                raise TimeoutError(f"vllm server not healthy in {SERVER_START_TIMEOUT_S}s:\n"
-                                   + log.read_text()[-4000:])
-            time.sleep(0.5)
+                return False
+
+        try:
+            wait_until(healthy, SERVER_START_TIMEOUT_S, "vllm server healthy", poll_s=0.5)
+        except AssertionError as error:
+            raise TimeoutError(f"{error}:\n" + log.read_text()[-4000:]) from None
         print(f"\nvllm server ({python}) healthy after {time.monotonic() - t0:.1f}s")
         yield f"http://127.0.0.1:{port}/v1"
     finally:
@@ -131,7 +133,7 @@ def test_goal_on_a_real_server_succeeds_from_a_node_without_vllm(server: str) ->
         assert side.wait_matched(camera), "the node's camera subscription was not found"
         for _ in range(5):  # a few fresh frames; the goal takes the latest
             camera.publish(rgb_image_msg(scene(320, 240), side.now_ns()))
-            time.sleep(0.05)
+            time.sleep(0.05)  # paces: a 20 fps camera
         result = client.ask("What is on the table?", max_tokens=12, timeout_s=120)
         assert (result.status, result.error_code) == ("succeeded", ErrorCode.OK), \
             result.error_message

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import socket
 import threading
-import time
 import uuid
 
 import pytest
@@ -142,6 +141,7 @@ def test_key_goes_only_into_the_authorization_header():
     from diagnostic_msgs.msg import DiagnosticArray
     from node_process import NodeProcess, rgb_image_msg, scene
     from rclpy.executors import SingleThreadedExecutor
+    from waiting import wait_until
 
     from cosmos_reason_interfaces.action import Reason
     from cosmos_reason_interfaces.msg import ReasoningResult
@@ -175,7 +175,10 @@ def test_key_goes_only_into_the_authorization_header():
                 assert result.error_code is ErrorCode.ENGINE_UNAVAILABLE, result.error_message
                 assert "API key rejected" in result.error_message, result.error_message
                 assert KEY_ENV in result.error_message  # names the variable, not the key
-            time.sleep(1.0)
+            # The three goals' results and some diagnostics are in (checked for the key below).
+            wait_until(lambda: sum("ReasoningResult(" in m for m in list(seen)) >= 3
+                       and sum("DiagnosticArray(" in m for m in list(seen)) >= 3, 30.0,
+                       "three results and three diagnostics messages")
         executor.shutdown()
         test_node.destroy_node()
     finally:
