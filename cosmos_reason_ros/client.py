@@ -20,25 +20,42 @@ whether or not the server is matched, and DDS drops a request sent before discov
 goal would be lost and the caller would wait its whole timeout. A goal therefore waits (within
 the call's timeout) for the server; if it is not found in time the call fails with
 ``ServerUnavailableError`` ("action server <name> not available after N s").
+
+Replies can be lost too. The goal, cancel and result replies of an action are service
+responses, and rmw_fastrtps drops a response whose writer has not yet matched the client's
+response reader ("failed to send response (timeout): client will not receive response"; see
+ros2/ros2#1253, ros2/rmw_fastrtps#842): under discovery lag a goal the node accepted and ran
+was never answered. The action's status topic (``<action>/_action/status``, reliable and
+transient-local) still lists the goal, so the client also watches it: a goal seen there is
+accepted even without its goal response, a result request is repeated while the status says
+the goal ended and no result came, and a cancel is repeated until the status shows it taken.
+A goal with neither a goal response nor a place in the status within ``delivery_timeout_s``,
+or whose result never came that long after it ended, ends ``not_delivered``
+(``ErrorCode.NOT_DELIVERED``) with a message naming the lost hop, never a silent wait.
+``ReasonResult.delivery`` is the client's view of each goal's trip.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import copy
+import inspect
 import threading
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import rclpy
-from action_msgs.msg import GoalStatus
+from action_msgs.msg import GoalStatus, GoalStatusArray
 from rclpy.action import ActionClient
+from rclpy.action.client import ClientGoalHandle
 from rclpy.context import Context
 from rclpy.executors import SingleThreadedExecutor
 from rclpy.node import Node
 from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
+from unique_identifier_msgs.msg import UUID
 
 from cosmos_reason_interfaces.action import Reason
 from cosmos_reason_interfaces.msg import ReasoningResult
@@ -52,10 +69,22 @@ from cosmos_reason_ros.core.types import (
 
 DEFAULT_ACTION = "/cosmos_reason/reason"
 DEFAULT_SERVER_TIMEOUT_S = 30.0  # submit()/run_async(): how long a goal waits for the server
+# How long a reply may be missing before the goal ends not delivered: the goal response (or
+# the goal in the status), and the result once the status says the goal ended. Discovery lag
+# on a loaded 2-core machine is 0.1-3 s; far above it, far below a goal's 120 s.
+DEFAULT_DELIVERY_TIMEOUT_S = 30.0
+# A lost result or cancel request is sent again after 1 s, then 2, 4, 8, 8, ... s: soon enough
+# to fetch a result before the node expires it (limits.result_keep_s, 10 s), few enough to
+# cost nothing. Shorter delivery timeouts start at a quarter of theirs.
+_RESEND_FIRST_S = 1.0
+_RESEND_MAX_S = 8.0
+_CHECK_PERIOD_S = 0.05  # how often the spin thread looks at the deadlines of goals in flight
 _WAITING_POLL_S = 0.01  # spin period while a goal waits for discovery (rclpy's own poll: 0.25)
 _WARN_WAITING_AFTER_S = 5.0
 _STATUS = {GoalStatus.STATUS_SUCCEEDED: "succeeded", GoalStatus.STATUS_ABORTED: "aborted",
            GoalStatus.STATUS_CANCELED: "canceled"}
+_ENDED = frozenset(_STATUS)
+_CANCEL_TAKEN = _ENDED | {GoalStatus.STATUS_CANCELING}
 
 
 class ServerUnavailableError(EngineUnavailableError, concurrent.futures.TimeoutError):
@@ -76,10 +105,45 @@ class ServerUnavailableError(EngineUnavailableError, concurrent.futures.TimeoutE
 
 
 @dataclass(frozen=True)
+class Delivery:
+    """The client's view of one goal's trip; times are ``time.monotonic()`` seconds.
+
+    ``accepted_via`` says how the client learnt the goal was accepted: ``"response"`` (the
+    goal response), ``"status"`` (the goal listed in the action status before its response
+    came) or ``""`` (never: rejected or not delivered); ``goal_response`` is None when the
+    response never came (lost). ``result_requests`` and ``cancel_requests`` above 1 are
+    repeats after a reply did not come.
+    """
+
+    goal_id: str  # hex UUID, as the result's goal_id and the node's log
+    sent: float  # goal request sent
+    accepted: float | None
+    accepted_via: str
+    goal_response: float | None
+    first_feedback: float | None
+    ended: float | None  # the status first showed the goal ended
+    result: float | None  # the result response arrived
+    result_requests: int
+    cancel_requests: int
+    goal_requests: int = 1
+
+    def summary(self) -> str:
+        """One line: each hop in seconds after the goal was sent, and any repeats."""
+        def at(name: str, t: float | None) -> str:
+            return f"{name}=+{t - self.sent:.3f}s" if t is not None else f"{name}=-"
+        via = f" via={self.accepted_via}" if self.accepted_via else ""
+        return (f"goal={self.goal_id[:8]} {at('accepted', self.accepted)}{via} "
+                f"{at('goal_response', self.goal_response)} "
+                f"{at('first_feedback', self.first_feedback)} {at('ended', self.ended)} "
+                f"{at('result', self.result)} goal_requests={self.goal_requests} "
+                f"result_requests={self.result_requests} cancel_requests={self.cancel_requests}")
+
+
+@dataclass(frozen=True)
 class ReasonResult:
     """A finished goal: status, error, answer and geometry (original-image pixels)."""
 
-    status: str  # succeeded | aborted | canceled | rejected
+    status: str  # succeeded | aborted | canceled | rejected | not_delivered
     error_code: ErrorCode
     error_message: str
     answer: str
@@ -89,6 +153,7 @@ class ReasonResult:
     points: tuple[Point, ...]
     trajectories: tuple[Trajectory, ...]
     message: ReasoningResult  # the full result message
+    delivery: Delivery | None = None  # the client's view of the trip; None: never sent
 
     @property
     def ok(self) -> bool:
@@ -96,7 +161,8 @@ class ReasonResult:
         return self.status == "succeeded" and self.error_code is ErrorCode.OK
 
     @classmethod
-    def from_message(cls, status: str, msg: ReasoningResult) -> ReasonResult:
+    def from_message(cls, status: str, msg: ReasoningResult,
+                     delivery: Delivery | None = None) -> ReasonResult:
         """Convert a ``ReasoningResult`` message."""
         def point(p: Any) -> Point:
             return Point(p.x, p.y, p.label, p.camera)
@@ -113,7 +179,7 @@ class ReasonResult:
             points=tuple(point(p) for p in msg.points),
             trajectories=tuple(Trajectory(tuple(point(p) for p in t.points), t.label,
                                           t.camera) for t in msg.trajectories),
-            message=msg)
+            message=msg, delivery=delivery)
 
     @property
     def cameras(self) -> tuple[str, ...]:
@@ -125,18 +191,30 @@ class ReasonResult:
         return tuple(f.camera for f in self.message.camera_frames)
 
 
+def _settle(future: concurrent.futures.Future[ReasonResult], result: ReasonResult | None = None,
+            error: BaseException | None = None) -> None:
+    """Complete ``future`` unless something completed it first (e.g. a cancel before sending)."""
+    try:
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)  # type: ignore[arg-type]
+    except concurrent.futures.InvalidStateError:
+        pass  # already done: the first outcome stands
+
+
 class GoalHandle:
     """A submitted goal: wait for its result, or cancel it."""
 
     def __init__(self, future: concurrent.futures.Future[ReasonResult],
-                 send_cancel: Callable[[Any], None]) -> None:
+                 send_cancel: Callable[[GoalHandle], None]) -> None:
         """Wrap the result future (created by ``ReasonClient.submit``).
 
-        ``send_cancel(ros_handle)`` sends the cancel request (the client's spin thread does).
+        ``send_cancel(handle)`` has the client's spin thread cancel the goal once sent.
         """
         self.future = future
         self._send_cancel = send_cancel
-        self._ros_handle: Any = None
+        self._flight: _Flight | None = None  # set by the spin thread when the goal is sent
         self._cancel_requested = False
         self._sent = False
         self._lock = threading.Lock()
@@ -166,26 +244,19 @@ class GoalHandle:
                 self.future.set_exception(error)
             return True
 
-    def _attach(self, ros_handle: Any) -> None:
-        with self._lock:
-            self._ros_handle = ros_handle
-            cancel = self._cancel_requested
-        if cancel:
-            self._send_cancel(ros_handle)
-
     def cancel(self) -> None:
         """Ask the node to cancel (the result then has status 'canceled')."""
         with self._lock:
             self._cancel_requested = True
-            handle = self._ros_handle
-            if not self._sent and not self.future.done():
+            sent = self._sent
+            if not sent and not self.future.done():
                 # Still waiting for the server: the goal will never be sent.
                 msg = ReasoningResult(error_code=ErrorCode.CANCELLED.value,
                                       error_message="cancelled before the action server was "
                                       "available; the goal was never sent")
                 self.future.set_result(ReasonResult.from_message("canceled", msg))
-        if handle is not None:
-            self._send_cancel(handle)
+        if sent:
+            self._send_cancel(self)
 
     def result(self, timeout_s: float | None = None) -> ReasonResult:
         """Block until the goal ends; ``TimeoutError`` after ``timeout_s`` (goal continues)."""
@@ -203,19 +274,114 @@ class _WaitingGoal:
     timeout_s: float | None
 
 
+@dataclass(eq=False)
+class _Flight:
+    """A sent goal as the spin thread follows it (only that thread reads or writes it)."""
+
+    handle: GoalHandle
+    goal_id: UUID
+    sent: float
+    resend_first_s: float
+    goal: Any = None  # the goal message, sent again (same id) while no reply shows it arrived
+    on_feedback: Callable[[Any], None] | None = None
+    goal_requests: int = 0
+    next_goal_request: float | None = None
+    goal_interval: float = 0.0
+    refused: bool = False  # a repeated request was rejected: a duplicate, or a real refusal
+    goal_future: Any = None  # rclpy Future of the first goal response
+    ros_handle: ClientGoalHandle | None = None  # from the goal response, or made for status
+    accepted: float | None = None
+    accepted_via: str = ""
+    goal_response: float | None = None
+    first_feedback: float | None = None
+    status: int = GoalStatus.STATUS_UNKNOWN  # the newest status seen
+    ended: float | None = None  # the status first showed the goal ended
+    result: float | None = None
+    result_requests: int = 0
+    next_result_request: float | None = None  # set once ended: ask again then
+    result_interval: float = 0.0
+    cancel_wanted: bool = False
+    cancel_requests: int = 0
+    cancel_started: float | None = None
+    cancel_settled: bool = False  # a cancel response came, or the status shows it taken
+    next_cancel: float | None = None
+    cancel_interval: float = 0.0
+    done: bool = False
+
+    @property
+    def key(self) -> bytes:
+        """The goal id as the status message's ``bytes(goal_id.uuid)``."""
+        return bytes(self.goal_id.uuid)
+
+    def delivery(self) -> Delivery:
+        """Return a frozen snapshot for the result."""
+        return Delivery(goal_id=self.key.hex(), sent=self.sent, accepted=self.accepted,
+                        accepted_via=self.accepted_via, goal_response=self.goal_response,
+                        first_feedback=self.first_feedback,
+                        ended=self.ended, result=self.result,
+                        result_requests=self.result_requests,
+                        cancel_requests=self.cancel_requests, goal_requests=self.goal_requests)
+
+
+def _taken_status(taken_data: Any) -> GoalStatusArray | None:
+    """Return the status message in what ``ActionClient.take_data()`` took, if any.
+
+    The one private detail the client reads: rclpy has no public hook for the status topic
+    its ActionClient already subscribes to, and ``take_data()`` has returned a dict with the
+    status message under ``"status"`` from Humble to Kilted. Should that change, no status
+    is observed and goals fall back to their responses alone (the status-path tests fail).
+    """
+    if isinstance(taken_data, dict):
+        status = taken_data.get("status")
+        if isinstance(status, GoalStatusArray):
+            return status
+    return None
+
+
+class _StatusWatchingActionClient(ActionClient):
+    """rclpy's ``ActionClient`` that also hands every status message to ``status_observer``.
+
+    A second subscription to ``<action>/_action/status`` would do with public API only, but
+    every status message lists each goal the node still keeps, and decoding it in Python
+    costs ~16 ms per 1 000 goals (docs/INTERFACES.md): the client would pay that twice.
+    """
+
+    # Called with each status message on the executor's thread; set after construction.
+    status_observer: Callable[[GoalStatusArray], None] | None = None
+
+    async def execute(self, taken_data: Any) -> None:
+        """Let rclpy handle the taken data (responses first), then show the status."""
+        done = super().execute(taken_data)
+        if inspect.isawaitable(done):
+            await done
+        status = _taken_status(taken_data)
+        if status is not None and self.status_observer is not None:
+            self.status_observer(status)
+
+
 class ReasonClient:
     """Action client for ``~/reason`` with typed helpers for the common tasks."""
 
     def __init__(self, action_name: str = DEFAULT_ACTION, context: Any = None,
-                 node_name: str = "cosmos_reason_client") -> None:
+                 node_name: str = "cosmos_reason_client",
+                 delivery_timeout_s: float = DEFAULT_DELIVERY_TIMEOUT_S) -> None:
         """Create a private node in ``context`` and spin it.
 
         ``context=None`` (the default) gives the client a context of its own, and so its own
         DDS participant. Sharing one with a publisher of camera frames in the same process
         delayed about 1 % of goals by 0.3-3 s: a request lost behind the frames is repaired
         only at the next Fast DDS heartbeat (every 3 s). See docs/PERFORMANCE.md.
+
+        ``delivery_timeout_s`` bounds each reply the client waits for in transport: a sent
+        goal with no goal response and no place in the action status, or an ended goal (by
+        the status) whose result does not come despite repeated requests, ends
+        ``not_delivered`` that long after it was sent or ended.
         """
+        if not delivery_timeout_s > 0:
+            raise ValueError(f"delivery_timeout_s={delivery_timeout_s!r}: expected seconds > 0")
         self.action_name = action_name
+        self.delivery_timeout_s = float(delivery_timeout_s)
+        self._status_topic = f"{action_name}/_action/status"
         self._own_context: Context | None = None
         if context is None:
             context = self._own_context = Context()
@@ -225,11 +391,11 @@ class ReasonClient:
         # goals, and a goal's one-off feedback stages behind other goals' token feedback.
         requests_qos = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=256,
                                   reliability=ReliabilityPolicy.RELIABLE)
-        self._client = ActionClient(self.node, Reason, action_name,
-                                    goal_service_qos_profile=requests_qos,
-                                    result_service_qos_profile=requests_qos,
-                                    cancel_service_qos_profile=requests_qos,
-                                    feedback_sub_qos_profile=requests_qos)
+        self._client = _StatusWatchingActionClient(
+            self.node, Reason, action_name, goal_service_qos_profile=requests_qos,
+            result_service_qos_profile=requests_qos, cancel_service_qos_profile=requests_qos,
+            feedback_sub_qos_profile=requests_qos)
+        self._client.status_observer = self._on_status
         self._executor = SingleThreadedExecutor(context=self.node.context)
         self._executor.add_node(self.node)
         # Goals waiting for the server; filled by submit(), sent or expired by the spin thread.
@@ -237,7 +403,10 @@ class ReasonClient:
         self._waiting_lock = threading.Lock()
         self._warned_waiting = False
         # Goals to cancel, sent by the spin thread in one go (also under _waiting_lock).
-        self._cancels: list[Any] = []
+        self._cancels: list[GoalHandle] = []
+        # Sent goals not ended yet, by goal id (spin thread only).
+        self._flights: dict[bytes, _Flight] = {}
+        self._next_check = 0.0
         self._running = True
         self._thread = threading.Thread(target=self._spin, daemon=True)
         self._thread.start()
@@ -253,6 +422,11 @@ class ReasonClient:
                 break
             if waiting:
                 self._send_waiting()
+            if self._flights:
+                now = time.monotonic()
+                if now >= self._next_check:
+                    self._next_check = now + _CHECK_PERIOD_S
+                    self._check_flights(now)
 
     def _send_waiting(self) -> None:
         """On the spin thread: send the waiting goals once the server is discovered."""
@@ -283,25 +457,283 @@ class ReasonClient:
         with self._waiting_lock:
             self._waiting = keep + self._waiting
 
-    def _queue_cancel(self, ros_handle: Any) -> None:
-        """Have the spin thread send a cancel request for ``ros_handle``.
+    # --- one goal's trip (all on the spin thread) -------------------------------------------
+
+    def _send_goal(self, handle: GoalHandle, goal: Reason.Goal,
+                   on_feedback: Callable[[Reason.Feedback], None] | None) -> None:
+        """Send the goal request with an id of the client's own, and follow the goal."""
+        flight = _Flight(handle, UUID(uuid=list(uuid.uuid4().bytes)), time.monotonic(),
+                         resend_first_s=min(_RESEND_FIRST_S, self.delivery_timeout_s / 4))
+        handle._flight = flight
+        self._flights[flight.key] = flight
+
+        def feedback(msg: Any) -> None:
+            if flight.first_feedback is None:
+                flight.first_feedback = time.monotonic()
+            if on_feedback is not None:
+                on_feedback(msg.feedback)
+
+        flight.goal, flight.on_feedback = goal, feedback
+        flight.goal_interval = flight.resend_first_s
+        self._send_goal_request(flight)
+
+    def _send_goal_request(self, flight: _Flight) -> None:
+        """Send (or send again) the goal request, always with the flight's own goal id.
+
+        The id is chosen by the client, not by rclpy, so the status can be matched to the goal
+        even when its goal response never comes, and a repeat is the same goal: a node that
+        got the first request answers a repeat "rejected" (rclpy refuses a known goal id), and
+        the goal shows in its status. A request can be lost when the node's request reader
+        has not yet matched this client's writer although the client already sees the node.
+        """
+        first = flight.goal_requests == 0
+        flight.goal_requests += 1
+        flight.next_goal_request = time.monotonic() + flight.goal_interval
+        flight.goal_interval = min(2 * flight.goal_interval, _RESEND_MAX_S)
+        future = self._client.send_goal_async(flight.goal, feedback_callback=flight.on_feedback,
+                                              goal_uuid=flight.goal_id)
+        future.add_done_callback(lambda f: self._on_goal_response(flight, f, first))
+        if first:
+            flight.goal_future = future
+
+    def _on_goal_response(self, flight: _Flight, ros_future: Any, first: bool = True) -> None:
+        if flight.done:
+            return
+        if flight.goal_response is None:
+            flight.goal_response = time.monotonic()
+        if flight.accepted is not None:
+            return  # accepted from the status, which came first (another DDS reader)
+        try:
+            ros_handle = ros_future.result()
+        except Exception as e:  # noqa: BLE001 - surface transport errors to the caller
+            self._end(flight, error=e)
+            return
+        if ros_handle is None:
+            return
+        if not ros_handle.accepted and not first:
+            # A repeat's rejection: the node refused the goal, or already has it (the status
+            # then lists it). The status decides, by the delivery deadline.
+            flight.refused = True
+            return
+        if not ros_handle.accepted:
+            # The node rejects only when its goal bounds are full, it is stopping, or (a
+            # managed node) it is not active; the node's ~/results message says which.
+            msg = ReasoningResult(goal_id=flight.key.hex(), error_code=ErrorCode.OVERLOADED.value,
+                                  error_message="goal rejected by the node: too many goals "
+                                  "running and queued (limits.max_concurrent_goals + "
+                                  "limits.max_queued_goals), shutting down, or a managed "
+                                  "node not active (see its ~/results)")
+            self._end(flight, ReasonResult.from_message("rejected", msg, flight.delivery()))
+            return
+        self._accept(flight, ros_handle, "response")
+
+    def _on_status(self, msg: GoalStatusArray) -> None:
+        """Status of the action's goals (spin thread): follow those of this client."""
+        if not self._flights:
+            return
+        now = time.monotonic()
+        for entry in msg.status_list:
+            flight = self._flights.get(bytes(entry.goal_info.goal_id.uuid))
+            if flight is not None and entry.status != GoalStatus.STATUS_UNKNOWN:
+                self._on_goal_status(flight, entry.status, now)
+
+    def _on_goal_status(self, flight: _Flight, status: int, now: float) -> None:
+        flight.status = status
+        if flight.accepted is None and flight.goal_future is not None \
+                and flight.goal_future.done():
+            # The response came in the same executor pass: its callback is queued behind
+            # this status; take the response now so the goal counts as accepted by it.
+            self._on_goal_response(flight, flight.goal_future)
+        if flight.done:
+            return
+        if flight.accepted is None:
+            # Listed in the status, so the node accepted it. Its response may still come (the
+            # status is another DDS reader, often first) or be lost: either way the result
+            # request can go now.
+            response = Reason.Impl.SendGoalService.Response(accepted=True)
+            self._accept(flight, ClientGoalHandle(self._client, flight.goal_id, response),
+                         "status")
+        if status in _ENDED and flight.ended is None:
+            flight.ended = now
+            flight.result_interval = flight.resend_first_s
+            flight.next_result_request = now + flight.result_interval
+        if flight.cancel_wanted and status in _CANCEL_TAKEN:
+            flight.cancel_settled = True
+
+    def _accept(self, flight: _Flight, ros_handle: ClientGoalHandle, via: str) -> None:
+        flight.accepted, flight.accepted_via = time.monotonic(), via
+        flight.next_goal_request = None
+        flight.ros_handle = ros_handle
+        if flight.ended is None:
+            # Should the status never show this goal (its reader not matched), the result is
+            # still asked for again now and then: a request is idempotent at the node.
+            flight.result_interval = _RESEND_MAX_S
+            flight.next_result_request = flight.accepted + self.delivery_timeout_s
+        self._request_result(flight)
+        if flight.cancel_wanted:
+            self._send_cancel_request(flight)
+
+    def _request_result(self, flight: _Flight) -> None:
+        """Ask for the result (idempotent at the node: a repeat gets the same result)."""
+        assert flight.ros_handle is not None
+        flight.result_requests += 1
+        flight.ros_handle.get_result_async().add_done_callback(
+            lambda f: self._on_result_response(flight, f))
+
+    def _on_result_response(self, flight: _Flight, ros_future: Any) -> None:
+        if flight.done:
+            return  # a repeated request's answer after the first one
+        try:
+            response = ros_future.result()
+        except Exception as e:  # noqa: BLE001 - surface transport errors to the caller
+            self._end(flight, error=e)
+            return
+        if response is None:
+            return
+        if response.status == GoalStatus.STATUS_UNKNOWN and flight.ended is not None:
+            # The node no longer knows the goal: it expired the result before a repeated
+            # request reached it (limits.result_keep_s).
+            self._not_delivered(flight, f"result response not delivered: the goal ended in "
+                                f"{self._status_topic} but its result had expired at the node "
+                                f"(limits.result_keep_s) when result request "
+                                f"{flight.result_requests} reached it")
+            return
+        flight.result = time.monotonic()
+        status = _STATUS.get(response.status, f"status_{response.status}")
+        self._end(flight, ReasonResult.from_message(status, response.result.result,
+                                                    flight.delivery()))
+
+    def _check_flights(self, now: float) -> None:
+        """Deadlines of goals in flight (spin thread): repeat requests, or give up."""
+        timeout = self.delivery_timeout_s
+        for flight in list(self._flights.values()):
+            if flight.accepted is None:
+                if now >= flight.sent + timeout and flight.refused:
+                    msg = ReasoningResult(
+                        goal_id=flight.key.hex(), error_code=ErrorCode.OVERLOADED.value,
+                        error_message=f"goal rejected by the node (its first goal response was "
+                        f"lost; a repeated request was rejected and the goal never appeared "
+                        f"in {self._status_topic}): see the node's ~/results for why")
+                    self._end(flight, ReasonResult.from_message("rejected", msg,
+                                                                flight.delivery()))
+                elif now >= flight.sent + timeout:
+                    self._not_delivered(
+                        flight, f"goal request not delivered: no goal response and the goal id "
+                        f"never appeared in {self._status_topic} within {timeout:.1f} s "
+                        f"({flight.goal_requests} goal requests)")
+                    self._cancel_lost_goal(flight)
+                elif flight.next_goal_request is not None and now >= flight.next_goal_request:
+                    self.node.get_logger().info(
+                        f"goal {flight.key.hex()[:8]}: no goal response and not in "
+                        f"{self._status_topic} {now - flight.sent:.2f} s after it was sent: "
+                        f"goal request {flight.goal_requests + 1}")
+                    self._send_goal_request(flight)
+                continue
+            if flight.next_result_request is not None and now >= flight.next_result_request \
+                    and flight.ended is None:
+                # Accepted, not ended by the status (or no status seen): ask again, slowly.
+                self._request_result(flight)
+                flight.next_result_request = now + flight.result_interval
+            elif flight.next_result_request is not None and now >= flight.next_result_request:
+                assert flight.ended is not None
+                if now >= flight.ended + timeout:
+                    self._not_delivered(
+                        flight, f"result response not delivered: the goal ended "
+                        f"({_STATUS.get(flight.status, flight.status)} in "
+                        f"{self._status_topic}) {now - flight.ended:.1f} s ago and no result "
+                        f"response came after {flight.result_requests} result requests")
+                    continue
+                self.node.get_logger().info(
+                    f"goal {flight.key.hex()[:8]} ended {now - flight.ended:.2f} s ago without "
+                    f"a result response: result request {flight.result_requests + 1}")
+                self._request_result(flight)
+                flight.result_interval = min(2 * flight.result_interval, _RESEND_MAX_S)
+                flight.next_result_request = min(now + flight.result_interval,
+                                                 flight.ended + timeout)
+            if flight.next_cancel is not None and now >= flight.next_cancel:
+                if flight.cancel_settled:
+                    flight.next_cancel = None
+                elif flight.cancel_started is not None \
+                        and now >= flight.cancel_started + timeout:
+                    flight.next_cancel = None  # the goal goes on to its own end or time limit
+                    self.node.get_logger().warning(
+                        f"goal {flight.key.hex()[:8]}: cancel not taken after "
+                        f"{flight.cancel_requests} requests in {timeout:.1f} s (no cancel "
+                        f"response, and {self._status_topic} shows the goal "
+                        f"status={flight.status}); the goal runs to its end")
+                else:
+                    self._send_cancel_request(flight)
+
+    def _not_delivered(self, flight: _Flight, message: str) -> None:
+        self.node.get_logger().warning(f"goal {flight.key.hex()[:8]}: {message}")
+        msg = ReasoningResult(goal_id=flight.key.hex(), error_code=ErrorCode.NOT_DELIVERED.value,
+                              error_message=message)
+        self._end(flight, ReasonResult.from_message("not_delivered", msg, flight.delivery()))
+
+    def _cancel_lost_goal(self, flight: _Flight) -> None:
+        # A goal request delayed rather than lost would run with nobody waiting for it: one
+        # cancel for its id (a node that never got it answers "unknown goal", harmlessly).
+        response = Reason.Impl.SendGoalService.Response(accepted=True)
+        ClientGoalHandle(self._client, flight.goal_id, response).cancel_goal_async()
+
+    def _end(self, flight: _Flight, result: ReasonResult | None = None,
+             error: BaseException | None = None) -> None:
+        flight.done = True
+        self._flights.pop(flight.key, None)
+        _settle(flight.handle.future, result, error)
+
+    # --- cancels ------------------------------------------------------------------------------
+
+    def _queue_cancel(self, handle: GoalHandle) -> None:
+        """Have the spin thread send a cancel request for the goal of ``handle``.
 
         Sent from the caller's thread, each request waited for the GIL against the spin
         thread decoding feedback and status: 50 cancels in a loop took up to 2 s under CPU
         load (docs/RELIABILITY.md, "Mass cancel"). Queued, a burst goes out in one wake-up.
         """
         with self._waiting_lock:
-            self._cancels.append(ros_handle)
+            self._cancels.append(handle)
         self._executor.create_task(self._send_cancels)
 
     def _send_cancels(self) -> None:
         with self._waiting_lock:
             cancels, self._cancels = self._cancels, []
-        for ros_handle in cancels:
-            ros_handle.cancel_goal_async()
+        for handle in cancels:
+            flight = handle._flight
+            if flight is None or flight.done or flight.cancel_wanted:
+                continue
+            flight.cancel_wanted = True
+            if flight.ros_handle is not None:
+                self._send_cancel_request(flight)
+            # else: sent once the goal is accepted (by its response or the status)
+
+    def _send_cancel_request(self, flight: _Flight) -> None:
+        """Send a cancel; repeated (backing off) until the node answers or the status shows it.
+
+        A cancel response is a service response, lost like the others under discovery lag.
+        """
+        assert flight.ros_handle is not None
+        now = time.monotonic()
+        if flight.cancel_started is None:
+            flight.cancel_started = now
+            flight.cancel_interval = flight.resend_first_s
+        else:
+            flight.cancel_interval = min(2 * flight.cancel_interval, _RESEND_MAX_S)
+        flight.next_cancel = now + flight.cancel_interval
+        flight.cancel_requests += 1
+        flight.ros_handle.cancel_goal_async().add_done_callback(
+            lambda f: self._on_cancel_response(flight))
+
+    @staticmethod
+    def _on_cancel_response(flight: _Flight) -> None:
+        flight.cancel_settled = True  # the node got the cancel, whatever it answered
 
     def close(self) -> None:
-        """Stop the spin thread and destroy the private node (waiting goals fail)."""
+        """Stop the spin thread and destroy the private node.
+
+        Goals still waiting for the server, and sent goals still without a result, fail with
+        ``RuntimeError``: nothing is left to deliver their results.
+        """
         self._running = False
         self._executor.create_task(lambda: None)  # wake spin_once now, not after its 0.1 s
         self._thread.join(timeout=2.0)
@@ -311,6 +743,9 @@ class ReasonClient:
         for entry in waiting:
             entry.handle._fail_unsent(RuntimeError(
                 f"ReasonClient closed while the goal waited for {self.action_name}"))
+        for flight in list(self._flights.values()):
+            self._end(flight, error=RuntimeError(
+                f"ReasonClient closed before the goal's result came from {self.action_name}"))
         self._client.destroy()
         self._executor.shutdown(timeout_sec=1.0)
         self.node.destroy_node()
@@ -354,7 +789,8 @@ class ReasonClient:
         The goal goes out once the action server is discovered; if it is not within
         ``server_timeout_s`` (None: no limit), the handle's future fails with
         ``ServerUnavailableError``. Without ``on_feedback`` the goal asks the node for no
-        feedback (``FEEDBACK_NONE``, unless ``goal.feedback`` asks for some).
+        feedback (``FEEDBACK_NONE``, unless ``goal.feedback`` asks for some). A goal whose
+        replies are lost in transport ends ``not_delivered`` (see the module docstring).
         """
         if on_feedback is None and goal.feedback == Reason.Goal.FEEDBACK_ALL:
             # Nobody reads it: the result alone (every client decodes every goal's feedback).
@@ -363,35 +799,8 @@ class ReasonClient:
         future: concurrent.futures.Future[ReasonResult] = concurrent.futures.Future()
         handle = GoalHandle(future, self._queue_cancel)
 
-        def on_result(ros_future: Any) -> None:
-            response = ros_future.result()
-            status = _STATUS.get(response.status, f"status_{response.status}")
-            future.set_result(ReasonResult.from_message(status, response.result.result))
-
-        def on_goal(ros_future: Any) -> None:
-            try:
-                ros_handle = ros_future.result()
-            except Exception as e:  # noqa: BLE001 - surface transport errors to the caller
-                future.set_exception(e)
-                return
-            if not ros_handle.accepted:
-                # The node rejects only when its goal bounds are full, it is stopping, or (a
-                # managed node) it is not active; the node's ~/results message says which.
-                msg = ReasoningResult(error_code=ErrorCode.OVERLOADED.value,
-                                      error_message="goal rejected by the node: too many goals "
-                                      "running and queued (limits.max_concurrent_goals + "
-                                      "limits.max_queued_goals), shutting down, or a managed "
-                                      "node not active (see its ~/results)")
-                future.set_result(ReasonResult.from_message("rejected", msg))
-                return
-            handle._attach(ros_handle)
-            ros_handle.get_result_async().add_done_callback(on_result)
-
-        feedback = (lambda m: on_feedback(m.feedback)) if on_feedback else None
-
         def send() -> None:  # runs on the spin thread (see the module docstring)
-            self._client.send_goal_async(goal, feedback_callback=feedback).add_done_callback(
-                on_goal)
+            self._send_goal(handle, goal, on_feedback)
 
         now = time.monotonic()
         deadline = None if server_timeout_s is None else now + server_timeout_s

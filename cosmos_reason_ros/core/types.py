@@ -28,6 +28,7 @@ class ErrorCode(enum.IntEnum):
     TIMEOUT = 8
     CANCELLED = 9
     PROMPT_TOO_LONG = 10
+    NOT_DELIVERED = 11  # set by the client: a goal or result reply was lost in transport
 
 
 class CosmosReasonError(Exception):

@@ -23,8 +23,8 @@ import re
 import subprocess
 import sys
 import threading
-import time
 import uuid
+from typing import Any
 
 import pytest
 
@@ -57,14 +57,14 @@ def missing_action() -> str:
 
 def test_client_of_a_missing_node_fails_within_its_timeout_naming_the_server():
     action = missing_action()
-    with ReasonClient(action) as client:
-        t0 = time.monotonic()
+    with ReasonClient(action) as client, concurrent.futures.ThreadPoolExecutor(1) as pool:
+        call = pool.submit(client.ground, ["red cup"], timeout_s=1.0)
+        # The call ends by itself: no silent wait past its timeout (60 s here means "never").
         with pytest.raises(ServerUnavailableError) as caught:
-            client.ground(["red cup"], timeout_s=1.0)
-        elapsed = time.monotonic() - t0
+            call.result(timeout=60.0)
+    # It gave up on the server for the call's own timeout, and says so.
     assert str(caught.value).startswith(f"action server {action} not available after 1 s")
-    # It waited for the server for the call's timeout, and no "silent long wait" after it.
-    assert 1.0 <= elapsed < 5.0
+    assert caught.value.action_name == action and caught.value.timeout_s == 1.0
     # One of the package's errors (code ENGINE_UNAVAILABLE) and a timeout, so callers that
     # already catch the client's TimeoutError keep working.
     assert isinstance(caught.value, EngineUnavailableError)
@@ -118,16 +118,18 @@ def served():
 def test_fresh_clients_used_at_once_get_every_goal_answered(served):
     image = rgb_image_msg(scene(320, 240, seed=5), 42_000_000_000, "goal_cam")
     fields = {"source": Goal.SOURCE_GOAL_IMAGE, "image": image, "max_tokens": 8}
-    # Every way a goal leaves the client, each the first thing done with a new client.
+    # Every way a goal leaves the client, each the first thing done with a new client. The
+    # calls wait longer than the client's delivery_timeout_s (30 s), so a goal lost on the way
+    # fails the test as 'not_delivered' naming the lost hop, not as a bare TimeoutError.
     calls = [
-        lambda c: c.ask("What is this?", timeout_s=30.0, **fields),
-        lambda c: c.ground(["red cup"], timeout_s=30.0, **fields),
-        lambda c: c.point(["red cup"], timeout_s=30.0, **fields),
-        lambda c: c.verify("A cup is there.", timeout_s=30.0, **fields),
-        lambda c: c.trajectory("Pick up the cup.", timeout_s=30.0, **fields),
-        lambda c: c.run(c.goal("Describe it.", **fields), timeout_s=30.0),
-        lambda c: c.run_async(c.goal("Describe it.", **fields)).result(30.0),
-        lambda c: c.submit(c.goal("Describe it.", **fields)).result(30.0),
+        lambda c: c.ask("What is this?", timeout_s=60.0, **fields),
+        lambda c: c.ground(["red cup"], timeout_s=60.0, **fields),
+        lambda c: c.point(["red cup"], timeout_s=60.0, **fields),
+        lambda c: c.verify("A cup is there.", timeout_s=60.0, **fields),
+        lambda c: c.trajectory("Pick up the cup.", timeout_s=60.0, **fields),
+        lambda c: c.run(c.goal("Describe it.", **fields), timeout_s=60.0),
+        lambda c: c.run_async(c.goal("Describe it.", **fields)).result(60.0),
+        lambda c: c.submit(c.goal("Describe it.", **fields)).result(60.0),
     ]
 
     def loop(worker: int) -> list[tuple[int, ReasonResult]]:
@@ -143,7 +145,8 @@ def test_fresh_clients_used_at_once_get_every_goal_answered(served):
         rounds = [r for done in pool.map(loop, range(LOOPS)) for r in done]
     assert len(rounds) == FRESH_CLIENT_ROUNDS
     for i, result in rounds:
-        assert result.ok, f"round {i}: {result.status} {result.error_message}"
+        assert result.ok, f"round {i}: {result.status} {result.error_message} " \
+            f"({result.delivery and result.delivery.summary()})"
         assert result.message.header.frame_id == "goal_cam"
     # Each answer was a goal of its own at the node (before the fix, none arrived at all).
     assert len({result.message.goal_id for _, result in rounds}) == FRESH_CLIENT_ROUNDS
@@ -187,7 +190,9 @@ def test_a_burst_of_cancels_goes_out_from_the_spin_thread(endless, monkeypatch):
         results = [h.result(30) for h in handles]
         assert [(r.status, r.error_code) for r in results] == \
             [("canceled", ErrorCode.CANCELLED)] * BURST
-        assert sent_from == [client._thread] * BURST
+        # Each goal got a cancel, all from the spin thread (a cancel the node has not taken
+        # after a second is sent again, so a loaded run may show a few more).
+        assert set(sent_from) == {client._thread} and len(sent_from) >= BURST
 
 
 def test_cancels_asked_for_right_before_close_still_reach_the_node(endless):
@@ -264,3 +269,162 @@ def test_readme_python_example_runs_as_printed(node):
         assert msg.header.frame_id == "camera"  # answered about the camera's frame
     assert by_task["ground"].boxes  # the engine's answer, parsed into pixels
     assert run.stdout.splitlines()[-1] == by_task["verify"].answer_json  # what it printed
+
+
+# --- lost replies: the status path, repeated requests, "not delivered" -------------------------
+# The goal, cancel and result replies of an action are service responses, and rmw_fastrtps
+# drops a response whose writer has not matched the client's reader yet (discovery lag under
+# load): the node accepted and ran the goal, the client never heard. The loss cannot be
+# arranged through DDS on demand, so each test drops one hop inside the client (the callback
+# that would have handled the reply, or the request itself) and shows that the client still
+# ends the goal, through the action status and repeated requests, or says which hop was lost.
+
+
+def drop_calls(client: ReasonClient, monkeypatch: pytest.MonkeyPatch, method: str,
+               first: int | None = None) -> list[Any]:
+    """Make the client ignore replies handled by ``method`` (the ``first`` ones; None: all)."""
+    real = getattr(client, method)
+    dropped: list[Any] = []
+
+    def maybe_drop(flight: Any, ros_future: Any, *more: Any) -> None:
+        if first is None or len(dropped) < first:
+            dropped.append(ros_future)
+            return
+        real(flight, ros_future, *more)
+
+    monkeypatch.setattr(client, method, maybe_drop)
+    return dropped
+
+
+def test_a_goal_whose_goal_response_is_lost_is_accepted_from_the_status(node, monkeypatch):
+    node.publish()
+    node.wait_frames(1)
+    with ReasonClient() as client:
+        drop_calls(client, monkeypatch, "_on_goal_response")  # every goal response "lost"
+        result = client.ask("What is here?", timeout_s=60.0)
+    assert result.ok, f"{result.status} {result.error_message}"
+    delivery = result.delivery
+    assert delivery is not None
+    assert (delivery.accepted_via, delivery.goal_response) == ("status", None)
+    assert delivery.accepted is not None and delivery.result is not None
+    assert delivery.goal_id == result.message.goal_id  # the node ran the client's goal id
+    assert "via=status" in delivery.summary() and "goal_response=-" in delivery.summary()
+
+
+def test_a_lost_result_response_is_asked_for_again(node, monkeypatch):
+    node.publish()
+    node.wait_frames(1)
+    with ReasonClient() as client:
+        dropped = drop_calls(client, monkeypatch, "_on_result_response", first=1)
+        result = client.ask("What is here?", timeout_s=60.0)
+    assert result.ok, f"{result.status} {result.error_message}"
+    assert len(dropped) == 1
+    assert result.delivery is not None and result.delivery.result_requests >= 2
+    assert result.delivery.ended is not None  # the repeat came from the status's "ended"
+
+
+def test_a_result_that_never_arrives_ends_not_delivered_naming_the_hop(node, monkeypatch):
+    node.publish()
+    node.wait_frames(1)
+    with ReasonClient(delivery_timeout_s=3.0) as client:
+        drop_calls(client, monkeypatch, "_on_result_response")  # every result response "lost"
+        result = client.ask("What is here?", timeout_s=60.0)
+    assert (result.status, result.error_code) == ("not_delivered", ErrorCode.NOT_DELIVERED)
+    assert not result.ok
+    assert result.error_message.startswith("result response not delivered: the goal ended "
+                                           "(succeeded in /cosmos_reason/reason/_action/status)")
+    requests = int(re.search(r"after (\d+) result requests", result.error_message).group(1))
+    assert requests >= 2  # asked again before giving up
+    delivery = result.delivery
+    assert delivery is not None and delivery.result is None and delivery.ended is not None
+    assert delivery.result_requests == requests
+    assert result.message.goal_id == delivery.goal_id
+
+
+@pytest.fixture
+def deaf_server():
+    """An action server that is discovered but never takes a request: its node never spins.
+
+    To the client this is a goal request lost on the way (or a node too stuck to take it):
+    no goal response, and the goal never in the status.
+    """
+    from rclpy.action import ActionServer
+    from rclpy.context import Context
+
+    context = Context()
+    rclpy.init(context=context)
+    server_node = rclpy.create_node("deaf_server", context=context)
+    action = missing_action()
+    server = ActionServer(server_node, Reason, action,
+                          execute_callback=lambda goal_handle: Reason.Result())
+    yield action
+    server.destroy()
+    server_node.destroy_node()
+    rclpy.try_shutdown(context=context)
+
+
+def test_a_goal_never_seen_by_the_server_ends_not_delivered_naming_the_hop(deaf_server):
+    with ReasonClient(deaf_server, delivery_timeout_s=1.0) as client:
+        handle = client.submit(client.goal("q"), server_timeout_s=30.0)
+        result = handle.result(60.0)  # 60 s: "never"; it ends after delivery_timeout_s
+        assert handle.sent  # the server was discovered and the request went out
+    assert (result.status, result.error_code) == ("not_delivered", ErrorCode.NOT_DELIVERED)
+    assert result.error_message.startswith(
+        "goal request not delivered: no goal response and the goal id never appeared in "
+        f"{deaf_server}/_action/status within 1.0 s (")
+    delivery = result.delivery
+    assert delivery is not None
+    assert (delivery.accepted, delivery.accepted_via, delivery.result_requests) == (None, "", 0)
+    assert delivery.goal_requests >= 2  # sent again before giving up
+    assert f"({delivery.goal_requests} goal requests)" in result.error_message
+
+
+def test_a_lost_goal_request_is_sent_again_with_the_same_id(node, monkeypatch):
+    from rclpy.action import ActionClient
+    from rclpy.task import Future
+
+    sent: list[Any] = []
+    send = ActionClient.send_goal_async
+
+    def lose_the_first(self: Any, goal: Any, **kwargs: Any) -> Any:  # never reaches the node
+        sent.append(bytes(kwargs["goal_uuid"].uuid))
+        return Future() if len(sent) == 1 else send(self, goal, **kwargs)
+
+    monkeypatch.setattr(ActionClient, "send_goal_async", lose_the_first)
+    node.publish()
+    node.wait_frames(1)
+    with ReasonClient() as client:
+        result = client.ask("What is here?", timeout_s=60.0)
+    assert result.ok, f"{result.status} {result.error_message}"
+    assert len(sent) >= 2 and len(set(sent)) == 1  # one goal, asked for again
+    assert result.delivery is not None and result.delivery.goal_requests == len(sent)
+    assert result.message.goal_id == sent[0].hex()  # the node ran the client's goal id
+
+
+def test_a_lost_cancel_request_is_sent_again_until_the_status_shows_it(endless, monkeypatch):
+    from rclpy.action.client import ClientGoalHandle
+    from rclpy.task import Future
+
+    calls: list[Any] = []
+    send = ClientGoalHandle.cancel_goal_async
+
+    def lose_the_first(self: Any) -> Any:  # the first cancel request never reaches the node
+        calls.append(self)
+        return Future() if len(calls) == 1 else send(self)
+
+    monkeypatch.setattr(ClientGoalHandle, "cancel_goal_async", lose_the_first)
+    generating = threading.Event()
+    with ReasonClient() as client:
+        handle = client.submit(client.goal("Write.", max_tokens=4000),
+                               lambda fb: fb.text_delta and generating.set())
+        assert generating.wait(60), "the goal did not start generating"
+        handle.cancel()
+        result = handle.result(60.0)  # without the repeat the goal would generate on
+    assert (result.status, result.error_code) == ("canceled", ErrorCode.CANCELLED)
+    assert result.delivery is not None and result.delivery.cancel_requests >= 2
+    assert len(calls) >= 2
+
+
+def test_delivery_timeout_must_be_positive():
+    with pytest.raises(ValueError, match="delivery_timeout_s=0"):
+        ReasonClient(missing_action(), delivery_timeout_s=0)
