@@ -127,6 +127,17 @@ class Delivery:
     cancel_requests: int
     goal_requests: int = 1
 
+    def to_dict(self) -> dict[str, Any]:
+        """Plain form for results files: each hop in seconds after the goal was sent."""
+        def after(t: float | None) -> float | None:
+            return None if t is None else round(t - self.sent, 4)
+        return {"goal_id": self.goal_id, "accepted_s": after(self.accepted),
+                "accepted_via": self.accepted_via, "goal_response_s": after(self.goal_response),
+                "first_feedback_s": after(self.first_feedback), "ended_s": after(self.ended),
+                "result_s": after(self.result), "goal_requests": self.goal_requests,
+                "result_requests": self.result_requests,
+                "cancel_requests": self.cancel_requests}
+
     def summary(self) -> str:
         """One line: each hop in seconds after the goal was sent, and any repeats."""
         def at(name: str, t: float | None) -> str:
@@ -261,6 +272,14 @@ class GoalHandle:
     def result(self, timeout_s: float | None = None) -> ReasonResult:
         """Block until the goal ends; ``TimeoutError`` after ``timeout_s`` (goal continues)."""
         return self.future.result(timeout=timeout_s)
+
+    def delivery(self) -> Delivery | None:
+        """Return the client's view of the goal's trip so far (None: not sent yet).
+
+        For a goal still without a result it tells which hop the goal is waiting for.
+        """
+        flight = self._flight
+        return None if flight is None else flight.delivery()
 
 
 @dataclass(frozen=True)

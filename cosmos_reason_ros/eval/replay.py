@@ -183,8 +183,13 @@ class Recorder:
         self._cdr: dict[int, bytes] = {}
         self._lock = threading.Lock()
 
-    def add(self, item: ScheduledQuery, status: str, plain: dict[str, Any]) -> dict[str, Any]:
-        """Score one result, append it to the JSONL file and the bag; return the record."""
+    def add(self, item: ScheduledQuery, status: str, plain: dict[str, Any],
+            delivery: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Score one result, append it to the JSONL file and the bag; return the record.
+
+        ``delivery`` is the client's view of the goal's trip (``Delivery.to_dict``), kept in
+        the record so a goal that never came back says which hop it was waiting for.
+        """
         result, cdr = bagio.canonical_result(plain)
         stamp = _plain_ns(result["header"]["stamp"])
         truth = bagio.truth_at(self.truth, stamp) if stamp else None
@@ -198,6 +203,7 @@ class Recorder:
             "ground_truth": {k: list(v) for k, v in truth.items()} if truth else None,
             "ground_truth_3d": truth_3d.to_dict() if truth_3d else None,
             "scores": [s.to_dict() for s in scores], "result": result,
+            "delivery": delivery,
         }
         record["regression"] = scoring.is_regression(record, self.scenario.fail_on_error)
         with self._lock:
@@ -429,7 +435,8 @@ class _NodePlayer:
 
     def finish(self, p: _Pending, status: str, plain: dict[str, Any]) -> None:
         self.pending.remove(p)
-        self.recorder.add(p.item, status, plain)
+        delivery = p.handle.delivery()
+        self.recorder.add(p.item, status, plain, delivery and delivery.to_dict())
         self.tick()
 
 
@@ -876,6 +883,9 @@ def print_summary(run: ReplayRun, out: Any = sys.stdout) -> None:
                          + f":{s['kind']}" for s in r["scores"])
         print(f"  {r['query']}#{r['occurrence']:<3} t={r['t_s']:6.2f}s {r['status']:<9} {what}"
               + (f"  [{marks}]" if marks else ""), file=out)
+        if r["status"] != "succeeded" and r.get("delivery"):  # which hop it waited for
+            hops = " ".join(f"{k}={v}" for k, v in r["delivery"].items())
+            print(f"      client's view: {hops}", file=out)
     s = run.summary
     print(f"replay: {s.queries} queries, {s.succeeded} succeeded, {s.errors} failed; "
           f"{s.scored} expectations checked: {s.passed} passed, {s.failed} failed "

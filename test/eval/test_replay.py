@@ -139,6 +139,9 @@ def test_sqlite3_bag_through_the_node_at_the_recorded_rate(node, bags, tmp_path)
     assert run_main(bags["sqlite3"], "--scenario", bags["scenario"], "--out", out) == 0
     records = check_outputs(out, bags["sqlite3"], bags["scenario"], exact_frames=False)
     assert {r["mode"] for r in records} == {"node"}
+    for r in records:  # the client's view of each goal's trip, by the goal id the node ran
+        assert r["delivery"]["goal_id"] == r["result"]["goal_id"]
+        assert r["delivery"]["result_s"] is not None and r["delivery"]["goal_requests"] >= 1
     summary = json.loads((out / "summary.json").read_text())
     assert summary["ok"] and summary["regressions"] == 0 and summary["queries"] == len(records)
     assert bagio.storage_of(out / "results_bag") == "sqlite3"  # follows the input bag
