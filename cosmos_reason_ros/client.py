@@ -437,8 +437,12 @@ class ReasonClient:
             try:
                 # Discovery wakes no executor: poll briefly while a goal waits for the server.
                 self._executor.spin_once(timeout_sec=_WAITING_POLL_S if waiting else 0.1)
-            except Exception:  # noqa: BLE001 - context shut down under us: stop spinning
-                break
+            except Exception as e:  # noqa: BLE001 - the spin thread must outlive any callback
+                if not self._running or not self.node.context.ok():
+                    break  # shut down under us: stop spinning
+                # A dead spin thread would leave every goal of this client waiting silently.
+                self.node.get_logger().error(f"spin thread: {e!r}; the client goes on",
+                                             throttle_duration_sec=5.0)
             if waiting:
                 self._send_waiting()
             if self._flights:
@@ -490,7 +494,12 @@ class ReasonClient:
             if flight.first_feedback is None:
                 flight.first_feedback = time.monotonic()
             if on_feedback is not None:
-                on_feedback(msg.feedback)
+                try:
+                    on_feedback(msg.feedback)
+                except Exception as e:  # noqa: BLE001 - the caller's bug must not end the goal
+                    self.node.get_logger().error(
+                        f"goal {flight.key.hex()[:8]}: feedback callback raised {e!r}; the goal "
+                        "goes on", throttle_duration_sec=5.0)
 
         flight.goal, flight.on_feedback = goal, feedback
         flight.goal_interval = flight.resend_first_s

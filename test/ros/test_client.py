@@ -379,6 +379,22 @@ def test_a_goal_never_seen_by_the_server_ends_not_delivered_naming_the_hop(deaf_
     assert f"({delivery.goal_requests} goal requests)" in result.error_message
 
 
+def test_a_feedback_callback_that_raises_loses_no_goal(node):
+    node.publish()
+    node.wait_frames(1)
+    calls: list[Any] = []
+
+    def broken(feedback: Any) -> None:
+        calls.append(feedback)
+        raise ValueError("the caller's bug")
+
+    with ReasonClient() as client:
+        first = client.submit(client.goal("What is here?", feedback=Goal.FEEDBACK_STAGES), broken)
+        assert first.result(60.0).ok  # its own result still comes
+        assert client.ask("And now?", timeout_s=60.0).ok  # the client still serves goals
+    assert calls  # the callback ran (and raised) on the client's spin thread
+
+
 def test_a_lost_goal_request_is_sent_again_with_the_same_id(node, monkeypatch):
     from rclpy.action import ActionClient
     from rclpy.task import Future
