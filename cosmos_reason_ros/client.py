@@ -151,6 +151,25 @@ class Delivery:
 
 
 @dataclass(frozen=True)
+class ResultBox(Box):
+    """A result's box in original-image pixels, with its 3D position.
+
+    ``position_3d`` is the node's ``Position3D`` message: ``valid`` (lifted), ``position`` (a
+    ``geometry_msgs/Point``, metres, in ``message.frame_3d``), ``size``, ``depth_pixels``,
+    ``status``; ``valid`` is false when the goal had no depth to lift from.
+    """
+
+    position_3d: Any = None
+
+
+@dataclass(frozen=True)
+class ResultPoint(Point):
+    """A result's point in original-image pixels, with its 3D position (as ``ResultBox``)."""
+
+    position_3d: Any = None
+
+
+@dataclass(frozen=True)
 class ReasonResult:
     """A finished goal: status, error, answer and geometry (original-image pixels)."""
 
@@ -160,8 +179,8 @@ class ReasonResult:
     answer: str
     reasoning: str
     answer_json: str
-    boxes: tuple[Box, ...]
-    points: tuple[Point, ...]
+    boxes: tuple[ResultBox, ...]
+    points: tuple[ResultPoint, ...]
     trajectories: tuple[Trajectory, ...]
     message: ReasoningResult  # the full result message
     delivery: Delivery | None = None  # the client's view of the trip; None: never sent
@@ -175,8 +194,8 @@ class ReasonResult:
     def from_message(cls, status: str, msg: ReasoningResult,
                      delivery: Delivery | None = None) -> ReasonResult:
         """Convert a ``ReasoningResult`` message."""
-        def point(p: Any) -> Point:
-            return Point(p.x, p.y, p.label, p.camera)
+        def point(p: Any) -> ResultPoint:
+            return ResultPoint(p.x, p.y, p.label, p.camera, p.position_3d)
         try:
             code = ErrorCode(msg.error_code)
         except ValueError:
@@ -184,8 +203,9 @@ class ReasonResult:
         return cls(
             status=status, error_code=code, error_message=msg.error_message,
             answer=msg.answer, reasoning=msg.reasoning, answer_json=msg.answer_json,
-            boxes=tuple(Box(b.x_min, b.y_min, b.x_max, b.y_max, b.label,
-                            None if b.score != b.score else b.score, b.degenerate, b.camera)
+            boxes=tuple(ResultBox(b.x_min, b.y_min, b.x_max, b.y_max, b.label,
+                                  None if b.score != b.score else b.score, b.degenerate,
+                                  b.camera, b.position_3d)
                         for b in msg.boxes),
             points=tuple(point(p) for p in msg.points),
             trajectories=tuple(Trajectory(tuple(point(p) for p in t.points), t.label,

@@ -186,6 +186,18 @@ def test_depth_too_far_from_the_colour_stamp_is_no_depth(rig):
     assert "no depth frame within depth.max_skew_s=0.05 s" in result.lift_message
 
 
+def test_the_readme_client_line_gives_the_box_centre_in_metres(rig):
+    from cosmos_reason_ros.client import ReasonClient
+
+    r = rig()
+    r.frame(1.0)
+    with ReasonClient() as client:
+        centre = client.ground(["red cup"]).boxes[0].position_3d.position  # as README.md
+    ex, ey, ez = expected_centre(1.0)
+    assert math.isclose(centre.z, ez, abs_tol=0.005)
+    assert math.isclose(centre.x, ex, abs_tol=0.01) and math.isclose(centre.y, ey, abs_tol=0.01)
+
+
 def test_points_and_trajectories_get_3d_positions(rig):
     answer = '[{"point_2d": [500, 500], "label": "handle"}]'
     r = rig(answer=answer)
