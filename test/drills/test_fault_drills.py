@@ -189,12 +189,14 @@ class Watch:
 
     def account(self, handle, io: IO, node: NodeProcess) -> dict:
         """Where the goal stands, as the client, a second subscriber and the node see it."""
-        goal_id = bytes(handle._ros_handle.goal_id.uuid).hex() if handle._ros_handle else None
+        delivery = handle.delivery()
+        goal_id = delivery.goal_id if delivery else None
         with io.cond:
             published = [f"{ErrorCode(m.error_code).name}: {m.error_message}"
                          for m in io.results if goal_id and m.goal_id == goal_id]
             seen = io.feedback_seen.get(goal_id)
         return {"sent": handle.sent, "goal_id": goal_id,
+                "client's view": delivery and delivery.summary(),
                 "client feedback (messages, last)": (self.messages, self.last),
                 "second subscriber's feedback (messages, stage, tokens)": seen,
                 "result": _ended(handle),
@@ -520,7 +522,8 @@ def test_dead_engine_core_fails_goals_fast_and_the_node_stays_up(io, node, recor
                 running.cancel()  # not left loading the machine for the tests after this one
                 pytest.fail(f"the goal did not start within 240 s: {account}")
         # Ended already, at the client or (its result still on the way) in the node's log.
-        goal_id = running._ros_handle and bytes(running._ros_handle.goal_id.uuid).hex()[:8]
+        delivery = running.delivery()
+        goal_id = delivery and delivery.goal_id[:8]
         if not running.future.done() and not (goal_id and f"goal {goal_id} " in node.output):
             break
     else:
