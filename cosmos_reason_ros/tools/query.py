@@ -5,8 +5,8 @@
     ros2 run cosmos_reason_ros query --prompt "Is the part in the gripper?" --cameras front,wrist
 
 The streamed model text goes to stderr as it arrives; the final result goes to stdout as one
-JSON object (so ``| jq`` works). Exit status: 0 succeeded, 1 aborted/canceled/no answer in
-time, 2 usage error.
+JSON object (so ``| jq`` works). Exit status: 0 succeeded, 1 aborted/canceled/rejected/not
+delivered (a lost request or reply, named)/no answer in time, 2 usage error.
 
 Two time limits, kept apart:
   --goal-timeout S  the goal's own limit (its timeout_s): the node aborts the goal with TIMEOUT
