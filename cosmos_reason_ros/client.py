@@ -551,11 +551,7 @@ class ReasonClient:
             flight.goal_response = time.monotonic()
         if flight.accepted is not None:
             return  # accepted from the status, which came first (another DDS reader)
-        try:
-            ros_handle = ros_future.result()
-        except Exception as e:  # noqa: BLE001 - surface transport errors to the caller
-            self._end(flight, error=e)
-            return
+        ros_handle = self._reply(flight, ros_future)
         if ros_handle is None:
             return
         if not ros_handle.accepted and not first:
@@ -566,12 +562,11 @@ class ReasonClient:
         if not ros_handle.accepted:
             # The node rejects only when its goal bounds are full, it is stopping, or (a
             # managed node) it is not active; the node's ~/results message says which.
-            msg = ReasoningResult(goal_id=flight.key.hex(), error_code=ErrorCode.OVERLOADED.value,
-                                  error_message="goal rejected by the node: too many goals "
-                                  "running and queued (limits.max_concurrent_goals + "
-                                  "limits.max_queued_goals), shutting down, or a managed "
-                                  "node not active (see its ~/results)")
-            self._end(flight, ReasonResult.from_message("rejected", msg, flight.delivery()))
+            self._end_by_client(flight, "rejected", ErrorCode.OVERLOADED,
+                                "goal rejected by the node: too many goals running and queued "
+                                "(limits.max_concurrent_goals + limits.max_queued_goals), "
+                                "shutting down, or a managed node not active (see its "
+                                "~/results)")
             return
         self._accept(flight, ros_handle, "response")
 
@@ -631,11 +626,7 @@ class ReasonClient:
     def _on_result_response(self, flight: _Flight, ros_future: Any) -> None:
         if flight.done:
             return  # a repeated request's answer after the first one
-        try:
-            response = ros_future.result()
-        except Exception as e:  # noqa: BLE001 - surface transport errors to the caller
-            self._end(flight, error=e)
-            return
+        response = self._reply(flight, ros_future)
         if response is None:
             return
         if response.status == GoalStatus.STATUS_UNKNOWN and flight.ended is not None:
@@ -657,13 +648,11 @@ class ReasonClient:
         for flight in list(self._flights.values()):
             if flight.accepted is None:
                 if now >= flight.sent + timeout and flight.refused:
-                    msg = ReasoningResult(
-                        goal_id=flight.key.hex(), error_code=ErrorCode.OVERLOADED.value,
-                        error_message=f"goal rejected by the node (its first goal response was "
-                        f"lost; a repeated request was rejected and the goal never appeared "
-                        f"in {self._status_topic}): see the node's ~/results for why")
-                    self._end(flight, ReasonResult.from_message("rejected", msg,
-                                                                flight.delivery()))
+                    self._end_by_client(
+                        flight, "rejected", ErrorCode.OVERLOADED,
+                        f"goal rejected by the node (its first goal response was lost; a "
+                        f"repeated request was rejected and the goal never appeared in "
+                        f"{self._status_topic}): see the node's ~/results for why")
                 elif now >= flight.sent + timeout:
                     self._not_delivered(
                         flight, f"goal request not delivered: no goal response and the goal id "
@@ -714,9 +703,22 @@ class ReasonClient:
 
     def _not_delivered(self, flight: _Flight, message: str) -> None:
         self.node.get_logger().warning(f"goal {flight.key.hex()[:8]}: {message}")
-        msg = ReasoningResult(goal_id=flight.key.hex(), error_code=ErrorCode.NOT_DELIVERED.value,
+        self._end_by_client(flight, "not_delivered", ErrorCode.NOT_DELIVERED, message)
+
+    def _end_by_client(self, flight: _Flight, status: str, code: ErrorCode,
+                       message: str) -> None:
+        """End the goal with a result the client makes (no result message came from the node)."""
+        msg = ReasoningResult(goal_id=flight.key.hex(), error_code=code.value,
                               error_message=message)
-        self._end(flight, ReasonResult.from_message("not_delivered", msg, flight.delivery()))
+        self._end(flight, ReasonResult.from_message(status, msg, flight.delivery()))
+
+    def _reply(self, flight: _Flight, ros_future: Any) -> Any:
+        """Return a goal or result reply; a transport error ends the goal with it (None)."""
+        try:
+            return ros_future.result()
+        except Exception as e:  # noqa: BLE001 - surface transport errors to the caller
+            self._end(flight, error=e)
+            return None
 
     def _cancel_lost_goal(self, flight: _Flight) -> None:
         # A goal request delayed rather than lost would run with nobody waiting for it: one
