@@ -35,6 +35,8 @@ setup(
             "bench = cosmos_reason_ros.bench.runner:main",
             "soak = cosmos_reason_ros.bench.soak:main",
             "console = cosmos_reason_ros.console.server:main",
+            "reason_patrol = cosmos_reason_ros.planning.patrol:main",
+            "reason_mcp = cosmos_reason_ros.planning.mcp_server:main",
         ],
     },
 )

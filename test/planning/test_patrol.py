@@ -1,0 +1,182 @@
+"""The README's behaviour-tree example and the patrol tree, run as a user runs them.
+
+Each runs in a fresh interpreter against the real node in this process (``InProcessNode``,
+scripted engine), reached by the real names as a planner reaches it: the README's Python
+block as printed, and ``reason_patrol`` (through ``python -m``, the module its console script
+runs) with the README's arguments: without depth it reports the obstacle's pixels; with
+registered depth and CameraInfo it publishes the obstacle's pose.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+rclpy = pytest.importorskip("rclpy", reason="needs the ROS 2 wheels (make setup)")
+pytest.importorskip("py_trees", reason="needs py-trees (make setup)")
+from fake_engine import Script, answers_the_task, request_text  # noqa: E402
+from geometry_msgs.msg import PoseStamped  # noqa: E402
+from inprocess_node import InProcessNode  # noqa: E402
+from sensor_msgs.msg import CameraInfo, Image  # noqa: E402
+from waiting import wait_until  # noqa: E402
+
+from cosmos_reason_interfaces.msg import ReasoningResult  # noqa: E402
+from cosmos_reason_ros.core.types import ErrorCode  # noqa: E402
+
+pytestmark = [pytest.mark.ros, pytest.mark.slow]  # starts processes: the real tier
+REPO_ROOT = Path(__file__).resolve().parents[2]
+WAIT_S = 60.0  # generous: a wait that runs out means the outcome never came
+W, H = 64, 48
+K = (60.0, 0.0, 32.0, 0.0, 60.0, 24.0, 0.0, 0.0, 1.0)  # principal point at the image centre
+# Reason2 boxes are 0-1000 per axis: pixels 16..48 x 12..36, centred on the principal point.
+PALLET = '[{"bbox_2d": [250, 250, 750, 750], "label": "pallet"}]'
+BLOCKED = '{"answer": "no", "reason": "A pallet blocks the aisle."}'
+
+
+def readme_section() -> str:
+    readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+    start = readme.index("### Behaviour trees")
+    return readme[start:readme.index("\n### ", start + 1)]
+
+
+def readme_python_block() -> str:
+    match = re.search(r"```python\n(.*?)```", readme_section(), re.S)
+    assert match, "README.md: no python block in '### Behaviour trees'"
+    return match.group(1)
+
+
+def readme_patrol_args() -> list[str]:
+    for line in readme_section().splitlines():
+        if line.startswith("ros2 run cosmos_reason_ros reason_patrol"):
+            return shlex.split(line, comments=True)[4:]
+    raise AssertionError("README.md: no 'ros2 run cosmos_reason_ros reason_patrol' line")
+
+
+def blocked_aisle(request) -> Script:
+    """The aisle is not clear, and the obstacle is a pallet in the middle of the image."""
+    return Script(deltas=[BLOCKED if "Answer yes or no" in request_text(request) else PALLET])
+
+
+@pytest.fixture
+def nodes():
+    made: list[InProcessNode] = []
+
+    def make(params=None, script=answers_the_task) -> InProcessNode:
+        n = InProcessNode(params, script=script)
+        made.append(n)
+        return n
+
+    yield make
+    for n in made:
+        n.close()
+
+
+def run_patrol(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "cosmos_reason_ros.planning.patrol", *args],
+                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+
+
+def test_readme_behaviour_tree_example_runs_as_printed(nodes):
+    n = nodes()
+    n.publish()
+    n.wait_frames(1)
+    run = subprocess.run([sys.executable, "-c", readme_python_block()], cwd=REPO_ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, f"stdout:\n{run.stdout}\nstderr:\n{run.stderr[-3000:]}"
+    # The scripted verdict is yes: the Selector ends at Verify, with its verdict and reason.
+    assert run.stdout.splitlines()[-1] == "SUCCESS yes The part is in the gripper."
+    assert [m.task for m in n.results] == ["verify"]
+
+
+def test_patrol_reports_the_obstacle_in_pixels_without_depth(nodes):
+    n = nodes(script=blocked_aisle)
+    n.publish()
+    n.wait_frames(1)
+    run = run_patrol(*readme_patrol_args(), "--cycles", "1")
+    assert run.returncode == 0, f"stdout:\n{run.stdout}\nstderr:\n{run.stderr[-3000:]}"
+    assert run.stdout.splitlines() == [
+        "cycle 1: not clear (no: A pallet blocks the aisle.); obstacle 'pallet' at pixels "
+        "(16, 12, 48, 36), not lifted to 3D: no pose to publish"]
+    n.wait_result(lambda m: m.task == "ground", WAIT_S)
+    assert [m.task for m in n.results] == ["verify", "ground"]
+
+
+def depth_msg(stamp_ns: int, metres: float) -> Image:
+    mm = np.full((H, W), int(round(metres * 1000)), np.uint16)
+    msg = Image(height=H, width=W, encoding="16UC1", step=W * 2, data=mm.tobytes())
+    msg.header.stamp.sec, msg.header.stamp.nanosec = divmod(stamp_ns, 1_000_000_000)
+    msg.header.frame_id = "camera"
+    return msg
+
+
+def test_patrol_publishes_the_obstacle_pose_with_depth(nodes):
+    n = nodes({"depth.enabled": True, "depth.max_skew_s": 0.05}, script=blocked_aisle)
+    side = n.side.node
+    depth = side.create_publisher(Image, "/depth/image", 10)
+    info = side.create_publisher(CameraInfo, "/camera_info", 10)
+    poses: list[PoseStamped] = []
+    side.create_subscription(PoseStamped, "/reason_patrol/obstacle_pose", poses.append, 10)
+    stop = threading.Event()
+
+    def rgbd_camera() -> None:  # a registered RGB-D camera at 10 Hz: a plane 1 m away
+        camera_info = CameraInfo(width=W, height=H, k=list(K), d=[0.0] * 5,
+                                 distortion_model="plumb_bob")
+        camera_info.header.frame_id = "camera"
+        while not stop.is_set():
+            stamp = n.side.now_ns()
+            info.publish(camera_info)
+            depth.publish(depth_msg(stamp, 1.0))
+            n.publish(stamp, width=W, height=H)
+            stop.wait(0.1)  # paces: the camera's frame rate
+
+    camera = threading.Thread(target=rgbd_camera, daemon=True)
+    camera.start()
+    proc = None
+    try:
+        # The node lifts once depth and CameraInfo have arrived: wait for that outcome.
+        wait_until(lambda: n.ask(task="ground", targets=["pallet"])[1].lift_code
+                   == ReasoningResult.LIFT_OK, WAIT_S, "a lifted box", poll_s=0.2)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "cosmos_reason_ros.planning.patrol", "--obstacle", "pallet",
+             "--period-s", "0.2"], cwd=REPO_ROOT, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True)
+        # Cycles go on until a pose reaches this subscriber (discovery between processes
+        # decides which cycle's pose is the first one it gets).
+        wait_until(lambda: poses or proc.poll() is not None, WAIT_S, "an obstacle pose")
+        assert proc.poll() is None, proc.communicate()
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        stop.set()
+        camera.join()
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, f"stdout:\n{out}\nstderr:\n{err[-3000:]}"
+    pose = poses[0]
+    assert pose.header.frame_id == "camera"
+    p, q = pose.pose.position, pose.pose.orientation
+    assert (p.x, p.y, p.z) == pytest.approx((0.0, 0.0, 1.0), abs=0.02)
+    assert (q.x, q.y, q.z, q.w) == (0.0, 0.0, 0.0, 1.0)
+    first = out.splitlines()[0]
+    assert first.startswith("cycle 1: not clear (no: A pallet blocks the aisle.); obstacle "
+                            "'pallet' at pixels (16, 12, 48, 36), at (") \
+        and first.endswith(" m in camera: pose published"), first
+    assert all(m.error_code == ErrorCode.OK for m in n.results)
+
+
+def test_reason_patrol_is_a_console_script_of_the_patrol_module():
+    tree = ast.parse((REPO_ROOT / "setup.py").read_text(encoding="utf-8"))
+    entries = next(ast.literal_eval(node.values[0]) for node in ast.walk(tree)
+                   if isinstance(node, ast.Dict) and node.keys
+                   and getattr(node.keys[0], "value", None) == "console_scripts")
+    assert "reason_patrol = cosmos_reason_ros.planning.patrol:main" in entries
