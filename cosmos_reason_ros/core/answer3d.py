@@ -9,6 +9,7 @@ boxes, points and trajectory waypoints are lifted (``core/lifting.py``). Any pro
 from __future__ import annotations
 
 import enum
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
@@ -89,13 +90,34 @@ class DepthLifter(Generic[P]):
                                                colour_stamp_ns + skew_ns)
         return min(candidates, key=lambda f: abs(f.stamp_ns - colour_stamp_ns), default=None)
 
+    def _await(self, colour_stamp_ns: int) -> StoredFrame[P] | None:
+        """Wait at most ``max_skew_s`` for the colour frame's depth frame to arrive.
+
+        A driver publishes the pair together, but the depth frame (larger, on another topic)
+        can arrive after its colour frame; a fast answer would otherwise find no depth. No
+        wait once a depth frame newer than the window has arrived: this one will not come.
+        """
+        skew_ns = int(self.settings.max_skew_s * _NS)
+        deadline = time.monotonic() + self.settings.max_skew_s
+        while (left := deadline - time.monotonic()) > 0:
+            latest = self.history.latest()
+            if latest is not None and latest.stamp_ns > colour_stamp_ns + skew_ns:
+                return None
+            if self.history.wait_for_next(timeout_s=left) is None:
+                return None
+            frame = self.pick(colour_stamp_ns)
+            if frame is not None:
+                return frame
+        return None
+
     def lift(self, outcome: ReasonOutcome, colour_stamp_ns: int,
              colour_size: tuple[int, int], colour_frame_id: str,
              frame: StoredFrame[P] | None = None) -> Answer3D:
         """Lift every box, point and trajectory of ``outcome``; never raises.
 
         ``frame`` is the depth frame :meth:`pick` chose with the colour frame; without one,
-        it is picked now (depth may arrive a little after its colour frame).
+        it is picked now, waiting up to ``max_skew_s`` for it (depth may arrive a little after
+        its colour frame).
         """
         if not (outcome.boxes or outcome.points or outcome.trajectories):
             return Answer3D(LiftCode.OFF, "nothing to lift", colour_frame_id)
@@ -103,7 +125,7 @@ class DepthLifter(Generic[P]):
         camera = self.camera_model()
         if camera is None:
             return Answer3D(LiftCode.NO_DEPTH, "no CameraInfo received yet", colour_frame_id)
-        frame = frame or self.pick(colour_stamp_ns)
+        frame = frame or self.pick(colour_stamp_ns) or self._await(colour_stamp_ns)
         if frame is None:
             latest = self.history.latest()
             nearest = "none received" if latest is None else \

@@ -33,9 +33,12 @@ Estimation, and why:
   fitted to that surface's inverse depth gives the depth at the point's sub-pixel position
   (exact on planes, e.g. a floor at a grazing angle), and the position is on the exact ray
   through the point. Trajectories lift each waypoint.
-- **Bounded cost**: boxes larger than ``max_samples`` depth pixels are read on a regular
-  strided grid (all numpy, no per-pixel Python), so a goal's cost does not grow with box size;
-  the boxes (or points) of a goal go through each step together, one numpy call for all.
+- **Bounded cost, no sampling bias**: boxes larger than ``max_samples`` depth pixels are read
+  on an even grid of about that many cells tiling the box exactly, one sample spread across
+  each cell (all numpy, no per-pixel Python), so a goal's cost does not grow with box size and
+  the centre and size match those from every pixel (a strided grid's samples overhang the box
+  and the object's edges, shifting the centre and growing the size by up to a stride); the
+  boxes (or points) of a goal go through each step together, one numpy call for all.
 """
 
 from __future__ import annotations
@@ -102,10 +105,12 @@ class Lifted:
     """One 2D item lifted to 3D, in the camera's optical frame (metres).
 
     ``position`` is the centre (box) or the surface point on the pixel's ray (point); ``size``
-    is a box's extent along x, y, z (zeros for points). Both are NaN when ``valid`` is false,
-    and ``reason`` says why (the 2D result stays usable). ``depth_m`` is the surface depth the
-    estimate used; ``valid_pixels`` counts the valid depth pixels examined and ``used_pixels``
-    those on the chosen surface.
+    is a box's extent along its own axes (zeros for points), which ``orientation`` (a unit
+    quaternion x, y, z, w) turns into the position's frame: the camera's optical axes, so the
+    identity until the item is moved into another frame. Position and size are NaN when
+    ``valid`` is false, and ``reason`` says why (the 2D result stays usable). ``depth_m`` is
+    the surface depth the estimate used; ``valid_pixels`` counts the valid depth pixels
+    examined and ``used_pixels`` those on the chosen surface.
     """
 
     valid: bool
@@ -115,6 +120,7 @@ class Lifted:
     valid_pixels: int = 0
     used_pixels: int = 0
     reason: str = ""
+    orientation: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 1.0)  # last: positional
 
 
 DEFAULT_SETTINGS = LiftSettings()
@@ -140,37 +146,43 @@ def _lift_boxes(depth: DepthImage, camera: CameraModel, boxes: Sequence[Box], sc
     lifting cost"). The order statistics (one partition per box) stay per box.
     """
     lifted: list[Lifted | None] = [None] * len(boxes)
-    windows: list[tuple[int, slice, slice, int, np.ndarray]] = []  # (box, rows, cols, stride, z)
+    grids: list[tuple[int, _Grid]] = []
     for k, box in enumerate(boxes):
-        window = _pixel_window(depth.shape, scale, box.x_min, box.x_max, box.y_min, box.y_max,
-                               settings.max_samples)
-        if window is None:
+        grid = _cell_grid(depth.shape, scale, box, settings.max_samples)
+        if grid is None:
             lifted[k] = Lifted(False, reason="box lies outside the depth image")
-            continue
-        rows, cols, stride = window
-        windows.append((k, rows, cols, stride, depth.metres(rows, cols)))
-    if not windows:
+        else:
+            grids.append((k, grid))
+    if not grids:
         return tuple(lifted)  # type: ignore[arg-type]
-    sizes = np.array([z.size for *_, z in windows])
+    sizes = np.array([g.rows * g.cols for _, g in grids])
     ends = np.cumsum(sizes).tolist()
-    z_all = np.concatenate([z.ravel() for *_, z in windows])
+    slope_x = np.empty(ends[-1], np.float32)
+    slope_y = np.empty(ends[-1], np.float32)
+    windows: list[tuple[int, np.ndarray]] = []  # (box, its depth samples)
+    width = depth.shape[1]
+    x_scale, y_scale = scale / camera.fx, scale / camera.fy
+    x_zero, y_zero = (0.5 + camera.cx) / camera.fx, (0.5 + camera.cy) / camera.fy
+    for (k, grid), end in zip(grids, ends, strict=True):
+        # Continuous depth coordinates (pixel j spans [j, j + 1)) of each cell's sample: the
+        # cell's centre plus an offset within +-(0.5 - 0.5 / n) of a cell, so strictly inside
+        # the box's pixels; the pixel read, the floor, is one of them (coordinates >= 0, so
+        # truncation is the floor).
+        u = np.add.outer(_jitter(grid.rows), _halves(grid.cols))  # in cells
+        u *= grid.cell_c
+        u += grid.c_lo
+        v = np.add.outer(_halves(grid.rows), _jitter(grid.cols))
+        v *= grid.cell_r
+        v += grid.r_lo
+        flat = v.astype(np.intp)
+        flat *= width
+        flat += u.astype(np.intp)
+        windows.append((k, depth.metres_at(flat)))
+        # Back-project through K: continuous depth coordinate u is K's pixel u * scale - 0.5.
+        np.subtract(u.ravel() * x_scale, x_zero, out=slope_x[end - flat.size:end])
+        np.subtract(v.ravel() * y_scale, y_zero, out=slope_y[end - flat.size:end])
+    z_all = np.concatenate([z.ravel() for _, z in windows])
     found = _surfaces(z_all, sizes, settings)
-    # Back-project through K: depth pixel j's centre is colour pixel (j + 0.5) * scale, i.e.
-    # K's pixel coordinate (j + 0.5) * scale - 0.5. Each sample stands for its footprint
-    # (stride x stride depth pixels); spreading the samples across it (a golden-ratio offset by
-    # row for x, by column for y) makes percentiles of the grid behave like those of the
-    # continuous surface, so the range divided by the share it covers is the full extent --
-    # without it, quantised percentiles are off by up to a sample on each side.
-    ax, ay = _ray_slopes(camera, scale, *depth.shape)
-    slope_x = np.empty(z_all.size, np.float32)
-    slope_y = np.empty(z_all.size, np.float32)
-    for (_, rows, cols, stride, z), end in zip(windows, ends, strict=True):
-        step = stride * scale
-        n_rows, n_cols = z.shape
-        np.add.outer(_jitter(n_rows) * (step / camera.fx), ax[cols],
-                     out=slope_x[end - z.size:end].reshape(z.shape))
-        np.add.outer(ay[rows], _jitter(n_cols) * (step / camera.fy),
-                     out=slope_y[end - z.size:end].reshape(z.shape))
     used = np.flatnonzero(found.surface)  # samples on their box's surface, box after box
     zs = z_all[used]
     xyz = np.empty((3, used.size), np.float32)
@@ -178,7 +190,7 @@ def _lift_boxes(depth: DepthImage, camera: CameraModel, boxes: Sequence[Box], sc
     np.multiply(slope_y[used], zs, out=xyz[1])
     xyz[2] = zs
     used_ends = np.searchsorted(used, ends).tolist()
-    for g, (k, *_, z) in enumerate(windows):
+    for g, (k, z) in enumerate(windows):
         n_valid = found.n_valid[g]
         if not found.ok[g]:
             lifted[k] = Lifted(False, valid_pixels=n_valid, reason=_no_depth(
@@ -190,8 +202,9 @@ def _lift_boxes(depth: DepthImage, camera: CameraModel, boxes: Sequence[Box], sc
         k_hi = n - 1 - k_lo
         own.partition((k_lo, k_hi), axis=1)  # in place: only the two order statistics matter
         (x0, y0, z0), (x1, y1, z1) = own[:, k_lo].tolist(), own[:, k_hi].tolist()
-        # Order statistic k of n uniform samples sits at (k + 1) / (n + 1) of the range.
-        spread = (n + 1) / (k_hi - k_lo) if k_hi > k_lo else 1.0
+        # The samples sit evenly across the surface (_jitter), like pixel centres: order
+        # statistic k of n sits at (k + 0.5) / n of the extent.
+        spread = n / (k_hi - k_lo) if k_hi > k_lo else 1.0
         lifted[k] = Lifted(True, position=((x0 + x1) / 2.0, (y0 + y1) / 2.0, (z0 + z1) / 2.0),
                            size=((x1 - x0) * spread, (y1 - y0) * spread, (z1 - z0) * spread),
                            depth_m=found.z_ref[g], valid_pixels=n_valid, used_pixels=n)
@@ -310,25 +323,27 @@ def lift_boxes(
 # --- internals ------------------------------------------------------------------------------
 
 
-@functools.lru_cache(maxsize=8)
-def _ray_slopes(camera: CameraModel, scale: int, height: int,
-                width: int) -> tuple[np.ndarray, np.ndarray]:
-    """x/z and y/z of the rays through each depth column and row centre (per camera, cached)."""
-    ax = ((np.arange(width) + 0.5) * scale - 0.5 - camera.cx) / camera.fx
-    ay = ((np.arange(height) + 0.5) * scale - 0.5 - camera.cy) / camera.fy
-    ax, ay = ax.astype(np.float32), ay.astype(np.float32)
-    ax.flags.writeable = ay.flags.writeable = False  # shared between calls
-    return ax, ay
+@functools.lru_cache(maxsize=64)
+def _halves(n: int) -> np.ndarray:
+    """``k + 0.5`` for k < n: cell centres in cells (cached: boxes of a size recur)."""
+    halves = np.arange(n) + 0.5
+    halves.flags.writeable = False
+    return halves
 
 
-_JITTER = (np.modf(np.arange(1, 4097) * _GOLDEN)[0] - 0.5).astype(np.float32)
-
-
+@functools.lru_cache(maxsize=64)
 def _jitter(n: int) -> np.ndarray:
-    """Offsets in (-0.5, 0.5), evenly spread for any prefix (golden-ratio sequence)."""
-    if n <= _JITTER.size:
-        return _JITTER[:n]
-    return (np.modf(np.arange(1, n + 1) * _GOLDEN)[0] - 0.5).astype(np.float32)
+    """Return ``n`` offsets in (-0.5, 0.5): ``(k + 0.5) / n - 0.5`` in golden-ratio order.
+
+    Evenly spaced, so the samples of a column of cells sit like the pixels of a finer grid
+    (their mean offset is exactly 0: no shift of the centre); in golden-ratio order, so
+    neighbouring rows (or columns) get far-apart offsets and an edge is seen in every part.
+    """
+    order = np.argsort(np.modf(np.arange(1, n + 1) * _GOLDEN)[0])
+    offsets = np.empty(n)
+    offsets[order] = (np.arange(n) + 0.5) / n - 0.5
+    offsets.flags.writeable = False  # shared between calls
+    return offsets
 
 
 def _checked(depth: DepthImage | np.ndarray, camera: CameraModel, scale: int) -> DepthImage:
@@ -352,21 +367,46 @@ def _checked(depth: DepthImage | np.ndarray, camera: CameraModel, scale: int) ->
     return depth if isinstance(depth, DepthImage) else DepthImage(depth)
 
 
-def _pixel_window(
-    shape: tuple[int, ...], scale: int, x0: float, x1: float, y0: float, y1: float,
-    max_samples: int,
-) -> tuple[slice, slice, int] | None:
-    """Depth pixels whose centres lie in the box, as (row slice, column slice, stride)."""
+@dataclass(frozen=True)
+class _Grid:
+    """The cells a box is read on.
+
+    ``rows`` x ``cols`` cells of ``cell_r`` x ``cell_c`` depth pixels, from pixel (``r_lo``,
+    ``c_lo``), tiling the box's pixels exactly.
+    """
+
+    r_lo: int
+    c_lo: int
+    rows: int
+    cols: int
+    cell_r: float
+    cell_c: float
+
+
+def _cell_grid(shape: tuple[int, ...], scale: int, box: Box, max_samples: int) -> _Grid | None:
+    """Return the even grid of cells a box's depth pixels are read on (None: outside the image).
+
+    One cell per pixel for a box of up to ``max_samples`` pixels, else about ``max_samples``
+    cells that tile the box exactly. Each cell is read at one point spread across it (the x
+    offset follows the cell's row, the y offset its column, :func:`_jitter`), at the depth
+    pixel under that point. So each column of cells samples its whole width evenly, and an
+    object's edge inside a cell is seen in proportion to the part of the cell it covers: the
+    percentiles of the samples are those of all the box's pixels, without the bias of a
+    strided grid (whose samples stand for footprints overhanging the box and the object's
+    edges, shifting the centre and growing the size by up to a stride).
+    """
     height, width = shape
+    x0, x1, y0, y1 = box.x_min, box.x_max, box.y_min, box.y_max
     # One test for all four: NaN and inf propagate through the sum (inf - inf is NaN too).
     if not math.isfinite(x0 + x1 + y0 + y1) or x1 < 0 or y1 < 0 or \
             x0 > width * scale or y0 > height * scale:
         return None
-    cols = _span(x0 / scale, x1 / scale, width)
-    rows = _span(y0 / scale, y1 / scale, height)
-    n = (cols[1] - cols[0]) * (rows[1] - rows[0])
+    c_lo, c_hi = _span(x0 / scale, x1 / scale, width)
+    r_lo, r_hi = _span(y0 / scale, y1 / scale, height)
+    n = (c_hi - c_lo) * (r_hi - r_lo)
     stride = max(1, math.ceil(math.sqrt(n / max_samples))) if n > max_samples else 1
-    return _strided(rows, stride), _strided(cols, stride), stride
+    cols, rows = -(-(c_hi - c_lo) // stride), -(-(r_hi - r_lo) // stride)
+    return _Grid(r_lo, c_lo, rows, cols, (r_hi - r_lo) / rows, (c_hi - c_lo) / cols)
 
 
 def _span(a: float, b: float, size: int) -> tuple[int, int]:
@@ -377,13 +417,6 @@ def _span(a: float, b: float, size: int) -> tuple[int, int]:
         lo = min(max(int((a + b) / 2.0), 0), size - 1)
         hi = lo + 1
     return lo, hi
-
-
-def _strided(span: tuple[int, int], stride: int) -> slice:
-    lo, hi = span
-    # Centre the grid in the span so subsampling does not shift the estimate to one side.
-    start = lo + ((hi - lo - 1) % stride) // 2
-    return slice(start, hi, stride)
 
 
 @dataclass(frozen=True)

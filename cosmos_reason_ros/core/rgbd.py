@@ -158,7 +158,20 @@ class DepthImage:
 
     def metres(self, rows: slice = slice(None), cols: slice = slice(None)) -> np.ndarray:
         """Return ``raw[rows, cols]`` (default: all) in metres, a native-order float array."""
-        window = self.raw[rows, cols]
+        return self._in_metres(self.raw[rows, cols])
+
+    def metres_at(self, flat: np.ndarray) -> np.ndarray:
+        """Return the pixels at row-major indices ``flat`` (``row * width + col``) in metres.
+
+        A gather through one flat index is ~4x cheaper than indexing by row and column arrays;
+        a padded image (rows farther apart than the width) is read by row and column instead.
+        """
+        if self.raw.flags.c_contiguous:
+            return self._in_metres(self.raw.ravel().take(flat))
+        rows, cols = np.divmod(flat, self.raw.shape[1])
+        return self._in_metres(self.raw[rows, cols])
+
+    def _in_metres(self, window: np.ndarray) -> np.ndarray:
         if self.unit_m == 1.0 and window.dtype.kind == "f":
             return np.ascontiguousarray(window, dtype=window.dtype.newbyteorder("="))
         return np.multiply(window, np.float32(self.unit_m), dtype=np.float32)

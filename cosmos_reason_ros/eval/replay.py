@@ -693,8 +693,10 @@ def _position_plain(lifted: Lifted) -> dict[str, Any]:
 
     x, y, z = lifted.position
     sx, sy, sz = lifted.size
+    qx, qy, qz, qw = lifted.orientation
     return {"valid": bool(lifted.valid), "position": {"x": num(x), "y": num(y), "z": num(z)},
             "size": {"x": num(sx), "y": num(sy), "z": num(sz)},
+            "orientation": {"x": qx, "y": qy, "z": qz, "w": qw},
             "depth_pixels": int(lifted.used_pixels), "status": lifted.reason}
 
 

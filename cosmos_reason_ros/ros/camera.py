@@ -12,13 +12,20 @@ relative, so a namespace applies and a launch file remaps each to its driver.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from rclpy.node import Node
-from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy, qos_profile_sensor_data
+from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
 from sensor_msgs.msg import CameraInfo, CompressedImage, Image
+
+try:  # Iron and later; Humble has it in rclpy.qos_event (deprecated there since Iron)
+    from rclpy.event_handler import SubscriptionEventCallbacks
+except ImportError:  # pragma: no cover - Humble
+    from rclpy.qos_event import SubscriptionEventCallbacks
 
 from cosmos_reason_ros.core.cameras import DEFAULT_CAMERA
 from cosmos_reason_ros.core.frames import FrameHistory
@@ -28,6 +35,38 @@ from cosmos_reason_ros.core.types import CosmosReasonError
 from cosmos_reason_ros.ros import cdr
 
 StoredMessage = tuple[bool, bytes]  # (compressed, serialized bytes)
+
+# Depth and CameraInfo readers keep this many samples: a reliable writer's burst (or a depth
+# frame arriving while the ingest callback still stores the last) is queued, not replaced.
+FOLLOW_QOS_DEPTH = 5
+
+
+@dataclass(frozen=True)
+class _Wanted:
+    """One subscription subscribe() creates; ``qos`` None: follow the publishers' QoS."""
+
+    msg_type: Any
+    topic: str
+    callback: Callable[[Any], None]
+    qos: QoSProfile | None
+    raw: bool
+    colour: bool  # a colour topic (named in messages about the camera)
+
+
+def following_qos(offered: list[Any]) -> QoSProfile:
+    """Return the QoS to subscribe with to publishers offering ``offered`` reliabilities.
+
+    As ``ros2 topic echo`` and rosbag2 choose: reliable, unless a publisher is best effort
+    (a reliable reader does not match a best-effort writer). Reliable with no publisher known
+    yet: RealSense, ZED, OAK-D (depthai-ros) and Orbbec drivers publish depth and CameraInfo
+    reliable by default, and a best-effort reader of a reliable writer gets them without
+    retransmission, so large depth frames lost on the way are lost for good (a 640x480
+    16UC1 frame is ~40 UDP fragments; one lost fragment loses the frame).
+    """
+    best_effort = any(r == ReliabilityPolicy.BEST_EFFORT for r in offered)
+    return QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=FOLLOW_QOS_DEPTH,
+                      reliability=ReliabilityPolicy.BEST_EFFORT if best_effort
+                      else ReliabilityPolicy.RELIABLE)
 
 
 class Camera:
@@ -62,16 +101,16 @@ class Camera:
         # raw=True: the callback receives the serialized bytes, so ingest costs a stamp read
         # instead of a full deserialization of every 6 MB frame at 30 Hz.
         self._ingest = ingest
-        self.subscriptions: list[Any] = []
-        # (type, resolved topic, callback, QoS, raw): what subscribe() creates.
-        self._wanted: list[tuple[Any, str, Callable[[Any], None], Any, bool]] = []
+        self.subscriptions: list[Any] = []  # one per _wanted entry, in order, once subscribed
+        self._lock = threading.Lock()  # subscriptions: a QoS event may replace one
+        self._wanted: list[_Wanted] = []  # what subscribe() creates
         if input_kind in ("raw", "both"):
-            self._wanted.append((Image, node.resolve_topic_name(prefix + "image"),
-                                 lambda d: self._store(d, False), qos, True))
+            self._wanted.append(_Wanted(Image, node.resolve_topic_name(prefix + "image"),
+                                        lambda d: self._store(d, False), qos, True, True))
         if input_kind in ("compressed", "both"):
-            self._wanted.append((CompressedImage,
-                                 node.resolve_topic_name(prefix + "image/compressed"),
-                                 lambda d: self._store(d, True), qos, True))
+            self._wanted.append(_Wanted(
+                CompressedImage, node.resolve_topic_name(prefix + "image/compressed"),
+                lambda d: self._store(d, True), qos, True, True))
         self.depth_history: FrameHistory[StoredMessage] | None = None
         self._model: CameraModel | None = None
         self._rectified = p.depth.rectified
@@ -79,33 +118,67 @@ class Camera:
         if depth:
             self.depth_history = FrameHistory(max_frames=p.depth.history_frames,
                                               clock=clock_ns)
-            # Depth with the colour stream's QoS (a driver publishes both alike); CameraInfo
-            # as drivers publish it, sensor data QoS.
-            self._wanted.append((Image, node.resolve_topic_name(prefix + "depth/image"),
-                                 self._store_depth, qos, True))
-            self._wanted.append((CameraInfo, node.resolve_topic_name(prefix + "camera_info"),
-                                 self._on_camera_info, qos_profile_sensor_data, False))
+            # Depth and CameraInfo follow their publishers' reliability (following_qos): a
+            # lost depth frame or CameraInfo is a goal without 3D, unlike a lost colour frame.
+            self._wanted.append(_Wanted(Image, node.resolve_topic_name(prefix + "depth/image"),
+                                        self._store_depth, None, True, False))
+            self._wanted.append(_Wanted(
+                CameraInfo, node.resolve_topic_name(prefix + "camera_info"),
+                self._on_camera_info, None, False, False))
         if subscribe:
             self.subscribe()
 
     def subscribe(self) -> None:
         """Create the subscriptions (on the ingest node) unless they exist."""
-        if not self.subscriptions:
-            self.subscriptions = [self._ingest.create_subscription(
-                msg_type, topic, callback, qos, raw=raw)
-                for msg_type, topic, callback, qos, raw in self._wanted]
+        with self._lock:
+            if not self.subscriptions:
+                self.subscriptions = [self._create(w, self._qos(w)) for w in self._wanted]
 
     def unsubscribe(self) -> None:
         """Destroy the subscriptions; the histories keep what they hold."""
-        for subscription in self.subscriptions:
-            self._ingest.destroy_subscription(subscription)
-        self.subscriptions = []
+        with self._lock:
+            for subscription in self.subscriptions:
+                self._ingest.destroy_subscription(subscription)
+            self.subscriptions = []
+
+    def _qos(self, wanted: _Wanted) -> QoSProfile:
+        if wanted.qos is not None:
+            return wanted.qos
+        return following_qos([info.qos_profile.reliability for info in
+                              self._ingest.get_publishers_info_by_topic(wanted.topic)])
+
+    def _create(self, wanted: _Wanted, qos: QoSProfile) -> Any:
+        events = None
+        if wanted.qos is None and qos.reliability == ReliabilityPolicy.RELIABLE:
+            events = SubscriptionEventCallbacks(
+                incompatible_qos=lambda _event: self._to_best_effort(wanted))
+        return self._ingest.create_subscription(
+            wanted.msg_type, wanted.topic, wanted.callback, qos, raw=wanted.raw,
+            event_callbacks=events)
+
+    def _to_best_effort(self, wanted: _Wanted) -> None:
+        """Resubscribe ``wanted`` best effort (a reliable reader never matches such a writer).
+
+        Called when a best-effort publisher appeared after the reliable subscription was made.
+        """
+        with self._lock:
+            index = self._wanted.index(wanted)
+            if index >= len(self.subscriptions):  # unsubscribed meanwhile
+                return
+            old = self.subscriptions[index]
+            if old.qos_profile.reliability == ReliabilityPolicy.BEST_EFFORT:
+                return
+            self._ingest.destroy_subscription(old)
+            self.subscriptions[index] = self._create(wanted, following_qos(
+                [ReliabilityPolicy.BEST_EFFORT]))
+        self.node.get_logger().warning(
+            f"{wanted.topic}: a best-effort publisher appeared; subscribed best effort now "
+            "(large depth frames lost on the way are then not resent)")
 
     @property
     def topics(self) -> str:
-        """The colour topics, for messages naming the camera."""
-        names = [topic for _, topic, _, _, _ in self._wanted
-                 if not topic.endswith(("depth/image", "camera_info"))]
+        """The colour topics, for messages naming the camera (depth ones are not colour)."""
+        names = [w.topic for w in self._wanted if w.colour]
         return ", ".join(names) or "(no camera subscription)"
 
     def camera_model(self) -> CameraModel | None:

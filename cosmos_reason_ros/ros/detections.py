@@ -129,8 +129,9 @@ def to_detection3d_array(result_msg: ReasoningResult, vision_msgs_module: Any) -
     """Build a ``Detection3DArray``: one ``Detection3D`` per lifted, non-degenerate box.
 
     Same rules as :func:`to_detection_array` (ids, scores, degenerate boxes out); boxes
-    without a valid 3D position are left out too. ``bbox`` centre and size are in metres in
-    ``frame_3d`` (axis-aligned with that frame, identity orientation).
+    without a valid 3D position are left out too. ``bbox`` is the box's pose in ``frame_3d``
+    (position and orientation, ``Position3D.orientation``: the camera's optical axes) and its
+    size along its own axes, metres; the hypothesis pose is the same pose.
     """
     vm = vision_msgs_module
     array = vm.Detection3DArray()
@@ -143,13 +144,13 @@ def to_detection3d_array(result_msg: ReasoningResult, vision_msgs_module: Any) -
         detection = vm.Detection3D()
         detection.header = header_3d(result_msg)
         detection.bbox.center.position = position.position
-        detection.bbox.center.orientation.w = 1.0
+        detection.bbox.center.orientation = position.orientation
         detection.bbox.size = position.size
         hypothesis = vm.ObjectHypothesisWithPose()
         hypothesis.hypothesis.class_id = box.label
         hypothesis.hypothesis.score = detection_score(box)
         hypothesis.pose.pose.position = position.position
-        hypothesis.pose.pose.orientation.w = 1.0
+        hypothesis.pose.pose.orientation = position.orientation
         detection.results = [hypothesis]
         detection.id = detection_id(result_msg, index)
         detections.append(detection)

@@ -8,7 +8,7 @@ from typing import Any
 
 from builtin_interfaces.msg import Time
 from geometry_msgs.msg import Point as GeoPoint
-from geometry_msgs.msg import Vector3
+from geometry_msgs.msg import Quaternion, Vector3
 from sensor_msgs.msg import Image
 from std_msgs.msg import Header
 
@@ -151,9 +151,11 @@ def fill_run(msg: ReasoningResult, run: GoalRun) -> None:
 def _position(item: Lifted) -> Position3D:
     x, y, z = item.position
     sx, sy, sz = item.size
+    qx, qy, qz, qw = item.orientation
     return Position3D(valid=item.valid, position=GeoPoint(x=x, y=y, z=z),
-                      size=Vector3(x=sx, y=sy, z=sz), depth_pixels=item.used_pixels,
-                      status=item.reason)
+                      size=Vector3(x=sx, y=sy, z=sz),
+                      orientation=Quaternion(x=qx, y=qy, z=qz, w=qw),
+                      depth_pixels=item.used_pixels, status=item.reason)
 
 
 def fill_3d(msg: ReasoningResult, answer: Answer3D) -> None:

@@ -80,10 +80,15 @@ class Outputs:
             self.target_point = node.create_publisher(PointStamped, "~/target_point", 10)
 
     def _publish_3d(self, msg: ReasoningResult) -> None:
-        if self.detections_3d is not None and msg.boxes:
-            self.detections_3d.publish(to_detection3d_array(msg, self._vision_msgs))
+        # Markers for every answer, lifted or not: each MarkerArray starts with DELETEALL, so
+        # an answer that lifts nothing (a question, no depth, another camera) clears the
+        # previous answer's cubes instead of leaving them in RViz as if they were its own.
         if self.markers is not None:
             self.markers.publish(to_markers(msg))
+        if msg.lift_code not in (LIFT_OK, LIFT_TF_FAILED):
+            return
+        if self.detections_3d is not None and msg.boxes:
+            self.detections_3d.publish(to_detection3d_array(msg, self._vision_msgs))
         target = target_point(msg) if self.target_point is not None else None
         if target is not None:
             self.target_point.publish(target)
@@ -94,7 +99,7 @@ class Outputs:
             self.results.publish(msg)
 
     def publish_extras(self, msg: ReasoningResult, media: Media | None) -> None:
-        """Publish detections, and annotated images where someone subscribes (drawing costs).
+        """Publish an answer's detections, 3D outputs and, where someone subscribes, drawings.
 
         Per camera of the result: its boxes and drawing, with its own frame's header. The
         default camera's go on ``~/detections`` and ``~/annotated_image`` (so does an image
@@ -103,8 +108,7 @@ class Outputs:
         left_out = boxes_left_out(msg) if msg.boxes else 0
         with self._lock:  # goal threads and the periodic thread publish concurrently
             self.detections_left_out += left_out
-        if msg.lift_code in (LIFT_OK, LIFT_TF_FAILED):
-            self._publish_3d(msg)
+        self._publish_3d(msg)
         views = media.cameras if media is not None else ()
         if not views:  # the goal's own image (or no media): everything is about it
             if self.detections is not None and len(msg.boxes) > left_out:

@@ -16,6 +16,9 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from cosmos_reason_ros.core.answer3d import DepthLifter, DepthSettings, LiftCode
+from cosmos_reason_ros.core.frames import FrameHistory
+from cosmos_reason_ros.core.imaging import ImageMessage
 from cosmos_reason_ros.core.lifting import (
     LiftSettings,
     lift_box,
@@ -25,10 +28,19 @@ from cosmos_reason_ros.core.lifting import (
     lift_trajectory,
 )
 from cosmos_reason_ros.core.rgbd import CameraModel, check_registration, depth_image
-from cosmos_reason_ros.core.types import BadImageError, BadRequestError, Box, Point, Trajectory
+from cosmos_reason_ros.core.types import (
+    BadImageError,
+    BadRequestError,
+    Box,
+    ParsedAnswer,
+    Point,
+    ReasonOutcome,
+    Trajectory,
+)
 
 CAM = CameraModel(fx=600.0, fy=600.0, cx=320.0, cy=240.0, width=640, height=480,
                   frame_id="cam_color_optical_frame")
+finite = dict(allow_nan=False, allow_infinity=False)
 
 
 # --- rendering ------------------------------------------------------------------------------
@@ -216,6 +228,117 @@ def test_large_box_is_read_on_a_strided_grid_without_losing_accuracy():
     assert result.valid_pixels <= LiftSettings().max_samples  # bounded work
     assert error(result.position, centre) <= 0.005
     assert result.size[0] == pytest.approx(0.60, abs=0.01)
+
+
+HD = CameraModel(fx=900.0, fy=900.0, cx=639.5, cy=359.5, width=1280, height=720,
+                 frame_id="cam_color_optical_frame")
+
+
+@pytest.mark.parametrize("scale", [1, 2])
+@pytest.mark.parametrize("margin", [0.0, 0.25])
+def test_large_box_at_4_m_is_unbiased_at_full_and_half_depth_resolution(scale, margin):
+    # A 232 px square face at 4 m (1280x720, f = 900 px: one pixel is 4.44 mm there), its
+    # edges on depth-pixel borders at both resolutions, so reading every pixel is exact. A
+    # strided grid shifted the centre by -2.5 mm and grew the face by 10 mm per axis when the
+    # box is the face, and shifted it by up to 15 mm with a margin of wall around it.
+    z = 4.0
+    side = 232 * z / HD.fx
+    centre = (90 * z / HD.fx, -46 * z / HD.fx, z)  # pixel (730, 314): off-axis
+    lo, hi = card(centre, width=side, height=side)
+    depth = render_cuboid(HD, lo, hi, wall_z=z + 1.0, scale=scale).astype(np.float32)
+    box = project_box(HD, lo, hi, margin)
+    every = lift_box(depth, HD, box, scale, LiftSettings(max_samples=10**9))
+    sampled = lift_box(depth, HD, box, scale)
+    assert every.valid and sampled.valid, (every.reason, sampled.reason)
+    assert sampled.valid_pixels <= LiftSettings().max_samples < every.valid_pixels
+    assert every.position == pytest.approx(centre, abs=2e-4)
+    assert every.size[:2] == pytest.approx((side, side), abs=2e-4)
+    # Sampled: the same within a fraction of a millimetre (centre) and of a pixel (size).
+    assert error(sampled.position, centre) <= (1e-4 if margin == 0.0 else 1e-3)
+    assert sampled.size[:2] == pytest.approx((side, side), abs=1e-4 if margin == 0.0 else 3e-3)
+    assert sampled.size[2] == pytest.approx(0.0, abs=1e-6)
+
+
+@settings(max_examples=60, deadline=None)
+@given(x=st.floats(-0.25, 0.25, **finite), y=st.floats(-0.2, 0.2, **finite),
+       z=st.floats(0.8, 4.0, **finite), width=st.floats(0.05, 0.45, **finite),
+       height=st.floats(0.05, 0.35, **finite), margin=st.floats(0.0, 0.4, **finite),
+       scale=st.sampled_from([1, 2]))
+def test_sampled_box_matches_the_all_pixels_estimate(x, y, z, width, height, margin, scale):
+    # Random cards and boxes: the sampled estimate stays within a small part of a grid cell
+    # (stride depth pixels) of the one from every pixel. A strided grid was off by up to 0.6
+    # cell (centre) and 1 cell (size) here: each edge could move by half a stride.
+    lo, hi = card((x * z, y * z, z), width * z, height * z)
+    depth = render_cuboid(CAM, lo, hi, wall_z=z + 0.5, scale=scale).astype(np.float32)
+    box = project_box(CAM, lo, hi, margin)
+    every = lift_box(depth, CAM, box, scale, LiftSettings(max_samples=10**9))
+    sampled = lift_box(depth, CAM, box, scale)
+    assert every.valid and sampled.valid, (every.reason, sampled.reason)
+    area = (box.x_max - box.x_min) * (box.y_max - box.y_min) / scale**2
+    stride = max(1, math.ceil(math.sqrt(area / LiftSettings().max_samples)))
+    cell = stride * scale * z / CAM.fx  # one grid cell's footprint at the card
+    assert sampled.position == pytest.approx(every.position, abs=0.25 * cell + 1e-6)
+    assert sampled.size == pytest.approx(every.size, abs=0.5 * cell + 1e-6)
+
+
+# --- the depth frame of a goal --------------------------------------------------------------
+
+
+class ArrivingHistory(FrameHistory):
+    """A depth history whose frame arrives while the lifter waits for it (or never does)."""
+
+    def __init__(self, arriving: tuple[ImageMessage, int] | None) -> None:
+        super().__init__(4, clock=lambda: STAMP_NS)
+        self.arriving = arriving
+        self.waits = 0
+
+    def wait_for_next(self, after_ns=None, timeout_s=None):
+        self.waits += 1
+        if self.arriving is None:
+            return None  # the wait ran out
+        message, stamp = self.arriving
+        self.append(message, stamp, nbytes=len(message.data))
+        self.arriving = None
+        return self.latest()
+
+
+STAMP_NS = 1_700_000_000_000_000_000
+
+
+def lifter_for(history: FrameHistory) -> DepthLifter:
+    return DepthLifter(DepthSettings(max_skew_s=0.05), history, lambda m: m, lambda: CAM)
+
+
+@pytest.mark.parametrize("arrives", [True, False])
+def test_a_depth_frame_arriving_after_its_colour_frame_is_waited_for(arrives):
+    # A driver publishes the pair together, but the larger depth frame can come after its
+    # colour frame: a fast answer waits for it (at most max_skew_s) instead of NO_DEPTH.
+    lo, hi = card((0.0, 0.0, 1.0))
+    depth = render_cuboid(CAM, lo, hi, wall_z=1.3).astype("<f4")
+    message = ImageMessage(STAMP_NS + 2_000_000, CAM.frame_id, 640, 480, "32FC1", False,
+                           640 * 4, depth.tobytes())
+    history = ArrivingHistory((message, message.stamp_ns) if arrives else None)
+    outcome = ReasonOutcome(ParsedAnswer(raw_text="", reasoning="", answer=""),
+                            boxes=(project_box(CAM, lo, hi, 0.2),))
+    answer = lifter_for(history).lift(outcome, STAMP_NS, (640, 480), CAM.frame_id)
+    assert history.waits == 1
+    if arrives:
+        assert answer.code is LiftCode.OK, answer.message
+        assert answer.depth_stamp_ns == message.stamp_ns
+        assert error(answer.boxes[0].position, (0.0, 0.0, 1.0)) <= 0.005
+    else:
+        assert answer.code is LiftCode.NO_DEPTH and "none received" in answer.message
+
+
+def test_no_wait_when_newer_depth_shows_the_colour_frames_depth_will_not_come():
+    history = ArrivingHistory(None)
+    newer = ImageMessage(STAMP_NS + 500_000_000, CAM.frame_id, 1, 1, "32FC1", False, 4,
+                         b"\0" * 4)
+    history.append(newer, newer.stamp_ns, nbytes=4)
+    outcome = ReasonOutcome(ParsedAnswer(raw_text="", reasoning="", answer=""),
+                            boxes=(Box(10, 10, 50, 50, label="x"),))
+    answer = lifter_for(history).lift(outcome, STAMP_NS, (640, 480), CAM.frame_id)
+    assert answer.code is LiftCode.NO_DEPTH and history.waits == 0
 
 
 # --- depth decoding -------------------------------------------------------------------------
@@ -517,7 +640,6 @@ def test_bad_lift_settings_are_refused(field):
 
 # --- properties -----------------------------------------------------------------------------
 
-finite = dict(allow_nan=False, allow_infinity=False)
 
 
 @settings(max_examples=200, deadline=None)
@@ -570,10 +692,9 @@ def test_box_centre_error_stays_within_a_pixel_footprint(x, y, z, behind, margin
     assert full.valid, full.reason
     assert error(full.position, (x, y, z)) <= 1.0 * pixel
     assert full.size[:2] == pytest.approx((0.20, 0.15), abs=1.5 * pixel)
-    # Default strided read (samples `stride` px apart): each edge may move by half a stride
-    # more, since a sample on the object's border stands for its whole footprint.
+    # Default sampled read (about max_samples cells): a small part of a cell more.
     area = (box.x_max - box.x_min) * (box.y_max - box.y_min)
     stride = max(1, math.ceil(math.sqrt(area / LiftSettings().max_samples)))
     sampled = lift_box(depth, CAM, box)
-    assert error(sampled.position, (x, y, z)) <= (1.0 + stride / 2) * pixel
-    assert sampled.size[:2] == pytest.approx((0.20, 0.15), abs=(1.5 + stride) * pixel)
+    assert error(sampled.position, (x, y, z)) <= (1.0 + stride / 4) * pixel
+    assert sampled.size[:2] == pytest.approx((0.20, 0.15), abs=(1.5 + stride / 2) * pixel)

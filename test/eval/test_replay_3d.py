@@ -245,7 +245,9 @@ def test_outcome_plain_carries_every_3d_field_like_fill_3d():
     assert plain["depth_stamp"] == {"sec": 5, "nanosec": 7}
     assert plain["boxes"][0]["position_3d"] == {
         "valid": True, "position": {"x": 0.1, "y": 0.2, "z": 1.0},
-        "size": {"x": 0.3, "y": 0.4, "z": 0.0}, "depth_pixels": 40, "status": ""}
+        "size": {"x": 0.3, "y": 0.4, "z": 0.0},
+        "orientation": {"x": 0.0, "y": 0.0, "z": 0.0, "w": 1.0}, "depth_pixels": 40,
+        "status": ""}
     nan = plain["points"][0]["position_3d"]
     assert not nan["valid"] and nan["position"]["x"] is None and nan["status"] == \
         "no valid depth"
@@ -265,5 +267,7 @@ def test_outcome_plain_carries_every_3d_field_like_fill_3d():
     result, _cdr = bagio.canonical_result(refused)
     assert result["boxes"][0]["position_3d"] == {
         "valid": False, "position": {"x": 0.0, "y": 0.0, "z": 0.0},
-        "size": {"x": 0.0, "y": 0.0, "z": 0.0}, "depth_pixels": 0, "status": ""}
+        "size": {"x": 0.0, "y": 0.0, "z": 0.0},
+        "orientation": {"x": 0.0, "y": 0.0, "z": 0.0, "w": 0.0},  # a bag has no defaults
+        "depth_pixels": 0, "status": ""}
     assert result["queue_s"] == 0.0 and result["boxes"][0]["score"] is None  # None: NaN

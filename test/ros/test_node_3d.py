@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import threading
+from typing import Any
 
 import numpy as np
 import pytest
@@ -18,8 +19,9 @@ from action_msgs.msg import GoalStatus  # noqa: E402
 from fake_engine import Gate, Script  # noqa: E402
 from geometry_msgs.msg import PointStamped, TransformStamped  # noqa: E402
 from inprocess_node import InProcessNode  # noqa: E402
+from rclpy.qos import ReliabilityPolicy, qos_profile_sensor_data  # noqa: E402
 from sensor_msgs.msg import CameraInfo, Image  # noqa: E402
-from visualization_msgs.msg import MarkerArray  # noqa: E402
+from visualization_msgs.msg import Marker, MarkerArray  # noqa: E402
 from waiting import wait_until  # noqa: E402
 
 from cosmos_reason_interfaces.msg import ReasoningResult  # noqa: E402
@@ -54,11 +56,11 @@ def info_msg(frame_id: str = "camera") -> CameraInfo:
 class Rig:
     """Depth and CameraInfo publishers, plus subscriptions to the 3D topics."""
 
-    def __init__(self, n: InProcessNode) -> None:
+    def __init__(self, n: InProcessNode, qos: Any = 10) -> None:
         node = n.side.node
         self.n = n
-        self.depth = node.create_publisher(Image, "/depth/image", 10)
-        self.info = node.create_publisher(CameraInfo, "/camera_info", 10)
+        self.depth = node.create_publisher(Image, "/depth/image", qos)
+        self.info = node.create_publisher(CameraInfo, "/camera_info", qos)
         self.markers: list[MarkerArray] = []
         self.targets: list[PointStamped] = []
         self.cond = threading.Condition()
@@ -112,11 +114,11 @@ class Rig:
 def rig():
     made = []
 
-    def make(params=None, answer=BOX_ANSWER):
+    def make(params=None, answer=BOX_ANSWER, qos=10):
         n = InProcessNode({**DEPTH_3D, "model.family": "cosmos_reason2", **(params or {})},
                           script=lambda r: Script(deltas=[answer]))
         made.append(n)
-        return Rig(n)
+        return Rig(n, qos)
 
     yield make
     for n in made:
@@ -142,13 +144,62 @@ def test_a_box_on_a_plane_is_lifted_and_published_in_3d(rig):
     assert math.isclose(p.position.x, ex, abs_tol=0.01)
     assert math.isclose(p.position.y, ey, abs_tol=0.01)
     assert math.isclose(p.size.x, 32 / 60.0, rel_tol=0.1)  # 32 px at 1 m through fx=60
+    assert (p.orientation.x, p.orientation.y, p.orientation.z, p.orientation.w) == \
+        (0.0, 0.0, 0.0, 1.0)  # the box's axes are the camera's
     markers = r.wait(r.markers)
     cubes = [m for m in markers.markers if m.ns == "boxes"]
     assert len(cubes) == 1 and cubes[0].header.frame_id == "camera"
     assert math.isclose(cubes[0].pose.position.z, p.position.z)
+    # The label is above the box: -y in the optical frame (y points down), clear of its top.
+    (label,) = [m for m in markers.markers if m.ns == "labels"]
+    assert label.pose.position.y == pytest.approx(p.position.y - p.size.y / 2 - 0.03,
+                                                  abs=1e-9)
+    assert (label.pose.position.x, label.pose.position.z) == (p.position.x, p.position.z)
     target = r.wait(r.targets)
     assert target.header.stamp.sec * 1_000_000_000 + target.header.stamp.nanosec == stamp
     assert math.isclose(target.point.z, p.position.z)
+
+
+def reliabilities(r: Rig) -> dict[str, Any]:
+    """The node's depth and CameraInfo subscriptions' reliability, by topic."""
+    return {s.topic_name: s.qos_profile.reliability for s in r.n.node.camera.subscriptions
+            if s.topic_name in ("/depth/image", "/camera_info")}
+
+
+def test_depth_and_camera_info_are_subscribed_reliable_like_rgbd_drivers_publish(rig):
+    # RealSense, ZED, OAK-D and Orbbec drivers publish both reliable: a reliable reader gets
+    # lost fragments of a large depth frame resent, where best effort loses the frame.
+    r = rig()
+    assert reliabilities(r) == {"/depth/image": ReliabilityPolicy.RELIABLE,
+                                "/camera_info": ReliabilityPolicy.RELIABLE}
+    r.frame(1.0)
+    _, result = r.n.ask(task="ground", targets=["crate"])
+    assert result.lift_code == ReasoningResult.LIFT_OK, result.lift_message
+
+
+def test_best_effort_depth_and_camera_info_publishers_are_followed(rig):
+    # Publishers appearing after the node subscribed, best effort (sensor data QoS): a
+    # reliable reader would never match them; the node resubscribes best effort.
+    r = rig(qos=qos_profile_sensor_data)
+    wait_until(lambda: set(reliabilities(r).values()) == {ReliabilityPolicy.BEST_EFFORT},
+               WAIT_S, "depth and CameraInfo resubscribed best effort")
+    stamp = r.n.side.now_ns()
+    node = r.n.node
+
+    def arrived() -> bool:
+        # Best effort: a sample sent right after matching can be lost, so resend like a
+        # driver streaming does.
+        r.info.publish(info_msg())
+        r.depth.publish(depth_msg(stamp, 1.0))
+        return node.camera.depth_history.stats().received >= 1 \
+            and node.camera.camera_model() is not None
+
+    wait_until(arrived, WAIT_S, "best-effort depth and CameraInfo", poll_s=0.05)
+    r.n.publish(stamp, width=W, height=H)
+    wait_until(lambda: node.history.stats().received >= 1, WAIT_S, "the colour frame")
+    _, result = r.n.ask(task="ground", targets=["crate"])
+    assert result.lift_code == ReasoningResult.LIFT_OK, result.lift_message
+    assert math.isclose(result.boxes[0].position_3d.position.z, 1.0, abs_tol=0.005)
 
 
 def test_depth_of_another_size_is_refused_and_the_2d_answer_stands(rig):
@@ -184,6 +235,29 @@ def test_depth_too_far_from_the_colour_stamp_is_no_depth(rig):
     _, result = r.n.ask(task="ground", targets=["crate"])
     assert result.lift_code == ReasoningResult.LIFT_NO_DEPTH
     assert "no depth frame within depth.max_skew_s=0.05 s" in result.lift_message
+    # Nothing lifted: the answer's markers are a DELETEALL alone, clearing older answers'.
+    markers = r.wait(r.markers)
+    assert [m.action for m in markers.markers] == [Marker.DELETEALL]
+    assert stamp_of(markers.markers[0].header.stamp) == stamp_of(result.header.stamp)
+
+
+def stamp_of(stamp: Any) -> int:
+    return stamp.sec * 1_000_000_000 + stamp.nanosec
+
+
+def test_an_answer_that_lifts_nothing_clears_the_previous_answers_markers(rig):
+    r = rig()
+    r.frame(1.0)
+    _, grounded = r.n.ask(task="ground", targets=["crate"])
+    assert grounded.lift_code == ReasoningResult.LIFT_OK, grounded.lift_message
+    first = r.wait(r.markers, 1)
+    assert [m.ns for m in first.markers if m.action == Marker.ADD] == ["boxes", "labels"]
+    r.n.engine.script = lambda req: Script(deltas=["A wooden crate."])
+    _, answered = r.n.ask(task="vqa", prompt="What is on the floor?")
+    assert answered.answer and answered.lift_code == ReasoningResult.LIFT_OFF
+    second = r.wait(r.markers, 2)
+    assert [m.action for m in second.markers] == [Marker.DELETEALL]
+    assert second.markers[0].header.frame_id == "camera"
 
 
 def test_the_readme_client_line_gives_the_box_centre_in_metres(rig):
@@ -211,14 +285,60 @@ def test_points_and_trajectories_get_3d_positions(rig):
     assert math.isclose(p.position.y, ey, abs_tol=0.005)
 
 
+def axis_angle(axis: tuple[float, float, float], degrees: float) -> tuple[np.ndarray,
+                                                                          np.ndarray]:
+    """The rotation matrix (Rodrigues) and unit quaternion (x, y, z, w) of one rotation."""
+    k = np.array(axis, float) / np.linalg.norm(axis)
+    a = math.radians(degrees)
+    cross = np.array([[0, -k[2], k[1]], [k[2], 0, -k[0]], [-k[1], k[0], 0]])
+    matrix = np.eye(3) + math.sin(a) * cross + (1 - math.cos(a)) * cross @ cross
+    return matrix, np.append(k * math.sin(a / 2), math.cos(a / 2))
+
+
+def compose(q1: np.ndarray, q2: np.ndarray) -> np.ndarray:
+    """Hamilton product q1 * q2 of (x, y, z, w) quaternions: q2's rotation first."""
+    v1, w1, v2, w2 = q1[:3], q1[3], q2[:3], q2[3]
+    return np.append(w1 * v2 + w2 * v1 + np.cross(v1, v2), w1 * w2 - v1 @ v2)
+
+
+def pitched_camera(degrees: float) -> tuple[np.ndarray, np.ndarray]:
+    """base_link <- camera optical frame (rotation matrix, quaternion), pitched down.
+
+    The optical axes (x right, y down, z forward) turned into base_link's (x forward, y left,
+    z up), then pitched down by ``degrees`` about base_link's y.
+    """
+    rotation, quaternion = np.eye(3), np.array([0.0, 0.0, 0.0, 1.0])
+    for axis, angle in [((1, 0, 0), -90), ((0, 0, 1), -90), ((0, 1, 0), degrees)]:
+        m, q = axis_angle(axis, angle)
+        rotation, quaternion = m @ rotation, compose(q, quaternion)
+    return rotation, quaternion
+
+
+def test_a_trajectory_targets_its_first_lifted_waypoint(rig):
+    answer = '[{"point_2d": [500, 500]}, {"point_2d": [750, 250]}]'
+    r = rig(answer=answer)
+    stamp = r.frame(1.5)
+    _, result = r.n.ask(task="trajectory", prompt="pick up the crate")
+    assert result.lift_code == ReasoningResult.LIFT_OK, result.lift_message
+    first = result.trajectories[0].points[0].position_3d
+    assert first.valid
+    target = r.wait(r.targets)
+    assert stamp_of(target.header.stamp) == stamp and target.header.frame_id == "camera"
+    assert (target.point.x, target.point.y, target.point.z) == \
+        (first.position.x, first.position.y, first.position.z)
+    assert target.point.z == pytest.approx(1.5, abs=0.005)
+
+
 class StandInBuffer:
     """A faithful stand-in for tf2_ros.Buffer (no tf2_ros wheel exists here): it records the
     lookup and returns a fixed transform, as ``lookup_transform(target, source, time,
-    timeout)`` does."""
+    timeout)`` does (by default the camera 1 m ahead of base_link, same axes)."""
 
-    def __init__(self, fail: bool = False) -> None:
+    def __init__(self, fail: bool = False, rotation=(0.0, 0.0, 0.0, 1.0),
+                 translation=(1.0, 0.0, 0.0)) -> None:
         self.calls: list = []
         self.fail = fail
+        self.rotation, self.translation = rotation, translation
 
     def lookup_transform(self, target, source, time, timeout):
         self.calls.append((target, source, time.nanoseconds, timeout.nanoseconds))
@@ -226,8 +346,9 @@ class StandInBuffer:
             raise LookupError("extrapolation into the future")
         tf = TransformStamped()
         tf.header.frame_id, tf.child_frame_id = target, source
-        tf.transform.translation.x = 1.0  # camera 1 m ahead of base_link, same axes
-        tf.transform.rotation.w = 1.0
+        t, q = tf.transform.translation, tf.transform.rotation
+        t.x, t.y, t.z = (float(v) for v in self.translation)
+        q.x, q.y, q.z, q.w = (float(v) for v in self.rotation)
         return tf
 
 
@@ -249,6 +370,51 @@ def test_target_frame_is_looked_up_at_the_image_stamp(rig, fail):
     else:
         assert result.lift_code == ReasoningResult.LIFT_OK and result.frame_3d == "base_link"
         assert math.isclose(x, expected_centre(1.0)[0] + 1.0, abs_tol=0.01)
+
+
+def same_rotation(q: Any, expected: np.ndarray) -> bool:
+    """Whether quaternion message ``q`` is ``expected`` (q and -q are the same rotation)."""
+    got = np.array([q.x, q.y, q.z, q.w])
+    return bool(np.allclose(got, expected, atol=1e-9) or np.allclose(got, -expected, atol=1e-9))
+
+
+def test_a_box_in_the_target_frame_keeps_its_orientation_and_its_label_goes_up(rig):
+    # A camera pitched 15 degrees down, 1.2 m up on base_link, sees a fronto-parallel face:
+    # in base_link the box is the same box turned with the camera (a near-vertical face, not
+    # a flat square with camera-axis extents), and its label goes up base_link's z.
+    r = rig()
+    rotation, quaternion = pitched_camera(15.0)
+    translation = np.array([0.1, -0.05, 1.2])
+    r.n.node.pipeline.to_target_frame = TargetFrame(
+        r.n.node, "base_link", 0.1, buffer=StandInBuffer(rotation=quaternion,
+                                                         translation=translation)).apply
+    r.frame(1.0)
+    _, result = r.n.ask(task="ground", targets=["crate"])
+    assert result.lift_code == ReasoningResult.LIFT_OK and result.frame_3d == "base_link"
+    p = result.boxes[0].position_3d
+    camera_centre = np.array(expected_centre(1.0))
+    centre = rotation @ camera_centre + translation
+    assert [p.position.x, p.position.y, p.position.z] == pytest.approx(centre.tolist(),
+                                                                      abs=0.005)
+    assert same_rotation(p.orientation, quaternion)
+    # The size stays along the box's own axes: 32 x 24 px at 1 m through f = 60, flat in z.
+    size = np.array([p.size.x, p.size.y, p.size.z])
+    assert size == pytest.approx([32 / 60, 24 / 60, 0.0], abs=0.02)
+    # Its height axis (the image's y) is base_link's -z tilted by the pitch: a standing face.
+    height_axis = rotation @ [0.0, 1.0, 0.0]
+    assert height_axis @ [0.0, 0.0, -1.0] == pytest.approx(math.cos(math.radians(15)))
+    markers = r.wait(r.markers)
+    (cube,) = [m for m in markers.markers if m.ns == "boxes"]
+    assert cube.header.frame_id == "base_link"
+    assert (cube.pose.position.x, cube.pose.position.y, cube.pose.position.z) == \
+        (p.position.x, p.position.y, p.position.z)
+    assert same_rotation(cube.pose.orientation, quaternion)
+    assert (cube.scale.x, cube.scale.y) == (p.size.x, p.size.y)
+    assert cube.scale.z == pytest.approx(max(0.01, p.size.z))  # a flat face still shows
+    (label,) = [m for m in markers.markers if m.ns == "labels"]
+    half_height = 0.5 * np.abs(rotation[2]) @ size  # the box's extent along base_link z
+    assert (label.pose.position.x, label.pose.position.y) == (p.position.x, p.position.y)
+    assert label.pose.position.z == pytest.approx(p.position.z + half_height + 0.03, abs=1e-9)
 
 
 def test_the_depth_frame_is_kept_through_a_long_generation(rig):

@@ -27,7 +27,6 @@ arguments).
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
@@ -39,7 +38,14 @@ from fake_engine import Script  # noqa: E402
 from geometry_msgs.msg import TransformStamped  # noqa: E402
 from inprocess_node import InProcessNode  # noqa: E402
 from rclpy.time import Time  # noqa: E402
-from test_node_3d import DEPTH_3D, MODEL, Rig  # noqa: E402
+from test_node_3d import (  # noqa: E402
+    DEPTH_3D,
+    MODEL,
+    Rig,
+    axis_angle,
+    compose,
+    same_rotation,
+)
 from waiting import wait_until  # noqa: E402
 
 from cosmos_reason_interfaces.msg import ReasoningResult  # noqa: E402
@@ -168,22 +174,6 @@ def test_detections_3d_arrive_as_a_real_detection3d_array_with_the_lifted_positi
 # --- tf2_ros -------------------------------------------------------------------------------
 
 
-def axis_angle(axis: tuple[float, float, float], degrees: float) -> tuple[np.ndarray,
-                                                                          np.ndarray]:
-    """The rotation matrix (Rodrigues) and unit quaternion (x, y, z, w) of one rotation."""
-    k = np.array(axis, float) / np.linalg.norm(axis)
-    a = math.radians(degrees)
-    cross = np.array([[0, -k[2], k[1]], [k[2], 0, -k[0]], [-k[1], k[0], 0]])
-    matrix = np.eye(3) + math.sin(a) * cross + (1 - math.cos(a)) * cross @ cross
-    return matrix, np.append(k * math.sin(a / 2), math.cos(a / 2))
-
-
-def compose(q1: np.ndarray, q2: np.ndarray) -> np.ndarray:
-    """Hamilton product q1 * q2 of (x, y, z, w) quaternions: q2's rotation first."""
-    v1, w1, v2, w2 = q1[:3], q1[3], q2[:3], q2[3]
-    return np.append(w1 * v2 + w2 * v1 + np.cross(v1, v2), w1 * w2 - v1 @ v2)
-
-
 def camera_mount() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """base_link <- camera: (rotation matrix, quaternion, translation).
 
@@ -232,7 +222,10 @@ def wait_for_transform(n: InProcessNode, target: str, source: str) -> None:
 
 def test_positions_come_back_in_the_target_frame_through_a_real_static_transform(rig):
     tf2_ros()
+    vm = vision_msgs()
     r = rig({"depth.target_frame": "base_link"})
+    received = collect(r.n, vm.Detection3DArray, "/cosmos_reason/detections_3d",
+                       r.n.node.outputs.detections_3d)
     r.frame(1.0)
     # Before any transform: the same frame's positions, left in the camera frame. They are
     # the camera-frame positions the transform below must move.
@@ -246,7 +239,7 @@ def test_positions_come_back_in_the_target_frame_through_a_real_static_transform
     assert after.lift_code == ReasoningResult.LIFT_OK, after.lift_message
     assert after.frame_3d == "base_link"
     assert after.header.stamp == before.header.stamp  # the same colour frame, so same depth
-    rotation, _, translation = camera_mount()
+    rotation, quaternion, translation = camera_mount()
     # The expectation's own check: without the pitch and yaw, the optical axis (z) would be
     # base_link's forward axis (x).
     pitch_yaw = axis_angle((0, 0, 1), 30)[0] @ axis_angle((0, 1, 0), 10)[0]
@@ -259,9 +252,21 @@ def test_positions_come_back_in_the_target_frame_through_a_real_static_transform
         assert np.allclose(xyz(base.position), expected, rtol=1e-6, atol=1e-9), \
             (i, xyz(base.position), expected)
         assert base.valid and base.depth_pixels == camera.depth_pixels
-        # Sizes stay extents along the camera's optical axes (docs/INTERFACES.md, "3D").
+        # Sizes stay extents along the box's own axes (the camera's optical axes), which the
+        # orientation turns into base_link (docs/INTERFACES.md, "3D").
         assert xyz(base.size).tolist() == xyz(camera.size).tolist()
+        assert same_rotation(camera.orientation, np.array([0.0, 0.0, 0.0, 1.0]))
+        assert same_rotation(base.orientation, quaternion)
     assert not after.boxes[1].position_3d.valid  # the degenerate box is not lifted
+    # Detection3D carries the same pose: centre and orientation in base_link, own-axes size.
+    array = wait_until(lambda: received and received[-1].header.frame_id == "base_link"
+                       and received[-1], WAIT_S, "~/detections_3d in base_link")
+    for detection, i in zip(array.detections, lifted, strict=True):
+        base = after.boxes[i].position_3d
+        assert detection.bbox.center.position == base.position
+        assert detection.bbox.center.orientation == base.orientation
+        assert detection.bbox.size == base.size
+        assert detection.results[0].pose.pose.orientation == base.orientation
 
 
 def test_target_frame_without_a_transform_for_the_camera_is_tf_failed_in_the_camera_frame(
