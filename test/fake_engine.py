@@ -140,6 +140,7 @@ class FakeEngine(Engine):
         self.fatal = fatal
         self.state = EngineState.STOPPED
         self.detail = ""  # health's detail
+        self.problems: tuple[str, ...] = ()  # health's problems
         self.requests: list[ChatRequest] = []
         self.aborted: list[str] = []
         self.running: set[str] = set()
@@ -253,7 +254,8 @@ class FakeEngine(Engine):
     async def health(self) -> EngineHealth:
         with self.lock:
             running = len(self.running)
-        return EngineHealth(self.state, self.model, running_requests=running, detail=self.detail)
+        return EngineHealth(self.state, self.model, running_requests=running, detail=self.detail,
+                            problems=self.problems)
 
     def core_died(self, request_id: str) -> EngineUnavailableError:
         """What the local vLLM engine does when its engine core dies under ``request_id``

@@ -34,6 +34,9 @@ class EngineHealth:
     model: str
     running_requests: int = 0
     detail: str = ""
+    # What fails every goal although the engine is up (a server that rejects the API key):
+    # the state alone would read "ready" while no goal can succeed.
+    problems: tuple[str, ...] = ()
 
 
 def output_token_limit(max_tokens: int) -> int:

@@ -493,7 +493,11 @@ class _Server:
     health_path: str = ""  # which of _HEALTH_PATHS it answers ("" until known)
     model: str = ""  # the model used there, once /v1/models has confirmed it
     last_error: str = ""
+    down_since: float = 0.0  # monotonic, when it last went down
     served: int = 0
+    # Set by an HTTP 401/403 from the URL, cleared by its next 200. Its health probe
+    # (/health, /readiness) needs no key, so only requests tell that the key is refused.
+    key_rejected: str = ""
 
 
 class _TryNext(Exception):
@@ -624,7 +628,8 @@ class OpenAIServerEngine(Engine):
                 state = EngineState.DEGRADED
             else:
                 state = EngineState.STARTING if self._starting else EngineState.UNAVAILABLE
-            return EngineHealth(state, self.model_name, len(self._active), self._describe())
+            return EngineHealth(state, self.model_name, len(self._active), self._describe(),
+                                tuple(s.key_rejected for s in self._servers if s.key_rejected))
         except Exception as exc:  # noqa: BLE001 - health() must never raise
             return EngineHealth(EngineState.UNAVAILABLE, "", 0, f"health failed: {exc}")
 
@@ -683,8 +688,10 @@ class OpenAIServerEngine(Engine):
         return text.replace(key, "***") if key else text
 
     def _describe(self) -> str:
+        now = time.monotonic()
         return "; ".join(f"{s.url}={_STATE_WORDS[s.up]}"
-                         + (f" ({s.last_error})" if s.last_error and not s.up else "")
+                         + (f" for {now - s.down_since:.0f} s ({s.last_error})"
+                            if s.last_error and not s.up else "")
                          for s in self._servers)
 
     def _set_state(self, server: _Server, up: bool, why: str = "") -> None:
@@ -693,6 +700,7 @@ class OpenAIServerEngine(Engine):
                 _LOG.info("url up: url=%s", server.url)
             else:
                 _LOG.warning("url down: url=%s reason=%s", server.url, why)
+                server.down_since = time.monotonic()
         server.up = up
         server.last_error = "" if up else why
         if self._health_changed is not None:
@@ -749,6 +757,7 @@ class OpenAIServerEngine(Engine):
                 body = await _read_capped(resp, _OTHER_BODY_BYTES)
                 if resp.status != 200:
                     raise self._status_error(resp.status, body, server)
+                server.key_rejected = ""
             served = [str(m["id"]) for m in json.loads(body)["data"]]
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError, KeyError,
                 TypeError) as e:
@@ -791,6 +800,7 @@ class OpenAIServerEngine(Engine):
                     "the server's --api-key") if self._config.api_key_env else (
                     "the server needs an API key: set api_key_env to the name of an "
                     "environment variable holding it")
+            server.key_rejected = f"{where}: API key rejected; {hint}"
             return EngineUnavailableError(f"{where}: API key rejected ({message}); {hint}")
         if status in (400, 413, 422):
             cls = PromptTooLongError if _TOO_LONG.search(message) else BadRequestError
@@ -879,6 +889,8 @@ class OpenAIServerEngine(Engine):
                 f"{server.url} sent no response within first_token_timeout_s="
                 f"{self._config.first_token_timeout_s}") from None
         if resp is _ABORTED or resp.status == 200:
+            if resp is not _ABORTED:
+                server.key_rejected = ""
             return resp
         try:
             text = await _step(_read_capped(resp, _ERROR_BODY_BYTES), asyncio.Event(),

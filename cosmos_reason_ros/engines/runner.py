@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import dataclasses
 import logging
 import threading
 import time
@@ -496,7 +497,5 @@ class EngineRunner:
         return self._with_running(health)
 
     def _with_running(self, health: EngineHealth) -> EngineHealth:
-        return EngineHealth(state=health.state, model=health.model,
-                            running_requests=max(self.running_requests,
-                                                 health.running_requests),
-                            detail=health.detail)
+        return dataclasses.replace(health, running_requests=max(self.running_requests,
+                                                                health.running_requests))

@@ -603,6 +603,24 @@ def test_health_routes_closed_to_us_do_not_make_a_server_down() -> None:
     run(body())
 
 
+def test_a_rejected_api_key_is_a_health_problem_until_the_server_takes_a_request() -> None:
+    async def body() -> None:
+        # vllm serve --api-key guards /v1 only: /health stays up while every request gets 401.
+        async with FakeServer(status_chat(401, "Unauthorized")) as server, \
+                engine_for(fake_cfg(server, api_key_env="CR_TEST_KEY_UNSET")) as engine:
+            assert (await engine.health()).problems == ()
+            with pytest.raises(EngineUnavailableError, match="API key rejected"):
+                await collect(engine, image_request())
+            health = await engine.health()
+            assert health.state == EngineState.READY
+            [problem] = health.problems
+            assert server.base in problem and "CR_TEST_KEY_UNSET" in problem
+            server.chat = good_chat()  # the key fixed on the server's side
+            await collect(engine, image_request())
+            assert (await engine.health()).problems == ()
+    run(body())
+
+
 def test_session_key_goes_in_the_routing_header_of_every_request() -> None:
     async def body() -> None:
         async with FakeServer(good_chat()) as fake, engine_for(fake_cfg(fake)) as engine:
