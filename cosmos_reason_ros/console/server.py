@@ -46,6 +46,7 @@ import hmac
 import ipaddress
 import json
 import logging
+import math
 import os
 import secrets
 import signal
@@ -517,8 +518,9 @@ def build_goal(request: dict[str, Any]) -> Any:
 
     def number(name: str, kind: type) -> Any:
         value = request.get(name, 0)
+        # json.loads takes Infinity and NaN: no goal field holds them (int(inf) overflows).
         if isinstance(value, bool) or not isinstance(value, (int, float)) \
-                or (kind is int and int(value) != value):
+                or not math.isfinite(value) or (kind is int and int(value) != value):
             raise ConsoleRequestError(f"{name} must be a{'n integer' if kind is int else ' number'}"
                                       f", got {value!r}")
         if kind is int and not -2**31 <= value < 2**31:

@@ -276,6 +276,12 @@ def test_bad_input_comes_back_with_the_nodes_message(node) -> None:
         assert "targets must be a list of text" in (await next_json(ws, "error"))["message"]
         await ws.send_json({"type": "ask", "max_tokens": 1.5})
         assert "max_tokens must be an integer" in (await next_json(ws, "error"))["message"]
+        for literal in ("Infinity", "-Infinity", "NaN"):  # JSON as Python and browsers write it
+            await ws.send_str(f'{{"type": "ask", "max_tokens": {literal}}}')
+            assert f"max_tokens must be an integer, got {float(literal)!r}" in (
+                await next_json(ws, "error"))["message"]
+        await ws.send_str('{"type": "ask", "clip_duration_s": Infinity}')
+        assert "clip_duration_s must be a number" in (await next_json(ws, "error"))["message"]
         # A request beyond any goal's size closes the socket (message too big), nothing held.
         await ws.send_str(json.dumps({"type": "ask", "prompt": "x" * (
             console.max_request_bytes + 1)}))
@@ -346,6 +352,7 @@ def test_browser_that_never_reads_drops_frames_and_does_not_slow_another(node) -
 
 # --- the process ----------------------------------------------------------------------------
 
+@pytest.mark.slow  # starts processes or waits on real time: the real tier
 def test_console_process_stops_cleanly_on_sigint() -> None:
     # No node needed: the console starts, waits for one, and a Ctrl-C ends it in order.
     console = ConsoleProcess("--node", "/no_such_node")
@@ -358,6 +365,7 @@ def test_console_process_stops_cleanly_on_sigint() -> None:
         console.tree.close()
 
 
+@pytest.mark.slow  # starts processes or waits on real time: the real tier
 def test_console_off_loopback_prints_a_generated_token() -> None:
     console = ConsoleProcess("--host", "0.0.0.0", "--node", "/no_such_node")
     try:

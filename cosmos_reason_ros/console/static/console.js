@@ -15,6 +15,7 @@ const state = {
   shown: null,      // the result on the answer canvas (tests read it)
   shownKey: "",
   framesReceived: 0,
+  maxRequestBytes: 0,  // the console's bound on one request (hello): larger ones close the socket
 };
 window.consoleState = state;
 
@@ -80,6 +81,7 @@ function onHello(m) {
   $("node").textContent = m.node;
   state.tasks = m.tasks;
   state.cameras = m.cameras;
+  state.maxRequestBytes = m.max_request_bytes;
   const task = $("task");
   const chosen = task.value;
   task.replaceChildren(...m.tasks.map((t) => new Option(t.name, t.name)));
@@ -196,6 +198,16 @@ $("ask-form").addEventListener("submit", (event) => {
     clip_duration_s: Number($("clip-duration").value) || 0,
     response_schema: $("response-schema").value.trim(),
   };
+  $("answer-error").textContent = "";  // an error shown belongs to the previous request
+  // The server closes a socket whose message is over its bound ("message too big") and the
+  // page would only see a reconnect: say which field is too long instead.
+  const bytes = new TextEncoder().encode(JSON.stringify(request)).length;
+  if (state.maxRequestBytes && bytes > state.maxRequestBytes) {
+    onError(`request not sent: ${bytes} bytes, over the console's limit of ` +
+            `${state.maxRequestBytes} bytes (prompt: ${request.prompt.length} characters; ` +
+            `response schema: ${request.response_schema.length})`);
+    return;
+  }
   if (!send(request)) onError("not connected to the console");
 });
 
