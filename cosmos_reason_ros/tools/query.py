@@ -12,8 +12,9 @@ Two time limits, kept apart:
   --goal-timeout S  the goal's own limit (its timeout_s): the node aborts the goal with TIMEOUT
                     after S seconds; 0 (default) = the node's limits.goal_timeout_s.
   --timeout S       how long this command waits, for the action server and then the result;
-                    when it passes, the goal is cancelled and the command exits 1. Make it
-                    longer than the goal's limit to see the node's own TIMEOUT result.
+                    when it passes, the goal is cancelled, the node's reply (status canceled)
+                    is printed and the command exits 1. Make it longer than the goal's limit
+                    to see the node's own TIMEOUT result.
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ SOURCES = {"latest": 0, "next": 1, "clip": 2}
 # The client's default wait: longer than the node's default goal limit (120 s), so a goal
 # that runs out of time ends with the node's TIMEOUT result rather than a cancel from here.
 WAIT_S = 150.0
+# After --timeout, how long to wait for the node's result of the cancel: the goal's end is
+# printed (as any result) rather than left unknown.
+CANCEL_REPLY_S = 10.0
 
 
 def message_to_dict(msg: Any) -> Any:
@@ -60,11 +64,15 @@ def camera_list(text: str) -> list[str]:
 
 def build_parser() -> argparse.ArgumentParser:
     """Build the command-line parser."""
+    from cosmos_reason_ros.core.prompts import DEFAULT_TASK
     ap = argparse.ArgumentParser(prog="query", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--prompt", default="", help="question or instruction")
-    ap.add_argument("--task", default="", help="vqa (default), caption, ground, point, "
-                    "trajectory, next_action, verify, temporal")
+    from cosmos_reason_ros.core.tasks import TASKS
+
+    # From the package's task table: a task added there is offered here too.
+    ap.add_argument("--task", default="", help=", ".join(
+        f"{task.value} (default)" if task is DEFAULT_TASK else task.value for task in TASKS))
     ap.add_argument("--targets", nargs="*", default=[], help="objects to ground / point at")
     ap.add_argument("--image", type=Path, help="JPEG/PNG file sent in the goal "
                     "(default: the node's live camera)")
@@ -142,16 +150,26 @@ def main(argv: list[str] | None = None) -> int:
                     sys.stderr.write(fb.text_delta)
                     sys.stderr.flush()
 
+            # One deadline for the server's discovery and the result.
+            handle = client.submit(goal, None if args.quiet else on_feedback,
+                                   server_timeout_s=args.timeout)
             try:
-                # One deadline for the server's discovery and the result.
-                result = client.run(goal, timeout_s=args.timeout,
-                                    on_feedback=None if args.quiet else on_feedback)
+                try:
+                    result = handle.result(args.timeout)
+                except (TimeoutError, concurrent.futures.TimeoutError):
+                    if not handle.sent:
+                        handle.cancel()  # never sent now, even if the server shows up
+                        raise ServerUnavailableError(args.action, args.timeout) from None
+                    print(f"\nquery: no result within --timeout {args.timeout:g} s: cancelling "
+                          "the goal", file=sys.stderr)
+                    handle.cancel()
+                    result = handle.result(CANCEL_REPLY_S)
             except ServerUnavailableError as e:
                 print(f"query: {e} (--timeout {args.timeout:g} s)", file=sys.stderr)
                 return 1
             except (TimeoutError, concurrent.futures.TimeoutError):
-                print(f"query: no result within --timeout {args.timeout:g} s; the goal was "
-                      f"cancelled", file=sys.stderr)
+                print(f"query: no reply to the cancel within {CANCEL_REPLY_S:g} s; the goal's "
+                      f"end is unknown (client's view: {handle.delivery()})", file=sys.stderr)
                 return 1
         if not args.quiet:
             sys.stderr.write("\n")

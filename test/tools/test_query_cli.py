@@ -7,6 +7,7 @@ what the command puts in the goal and how long it waits, not the transport.
 from __future__ import annotations
 
 import concurrent.futures
+import json
 from typing import Any
 
 import pytest
@@ -21,16 +22,40 @@ pytestmark = [pytest.mark.ros]
 
 
 class _Result:
-    status = "succeeded"
-    ok = True
-    message = None
+    def __init__(self, status: str = "succeeded") -> None:
+        self.status, self.ok, self.message = status, status == "succeeded", None
+
+
+class _Handle:
+    """A goal that ends as the test says: at once, never (until cancelled), or never at all."""
+
+    def __init__(self, outcome: str) -> None:
+        self.outcome = outcome  # "succeeded", "held" (ends canceled when cancelled), "lost"
+        self.sent = outcome != "unsent"
+        self.cancelled = False
+        self.waits: list[float | None] = []
+
+    def result(self, timeout_s: float | None = None) -> _Result:
+        self.waits.append(timeout_s)
+        if self.outcome == "succeeded":
+            return _Result()
+        if self.outcome == "held" and self.cancelled:
+            return _Result("canceled")
+        raise concurrent.futures.TimeoutError()
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+    def delivery(self) -> str:
+        return "accepted, no result"
 
 
 class _Client:
     """Records what ``query`` asks of the action client."""
 
     calls: list[tuple[Any, float | None]] = []
-    raises: BaseException | None = None
+    handles: list[_Handle] = []
+    outcome = "succeeded"
 
     def __init__(self, action_name: str) -> None:
         self.action_name = action_name
@@ -41,17 +66,18 @@ class _Client:
     def __exit__(self, *exc: object) -> None:
         pass
 
-    def run(self, goal: Any, timeout_s: float | None = None, on_feedback: Any = None) -> Any:
-        type(self).calls.append((goal, timeout_s))
-        if type(self).raises is not None:
-            raise type(self).raises
-        return _Result()
+    def submit(self, goal: Any, on_feedback: Any = None,
+               server_timeout_s: float | None = None) -> _Handle:
+        type(self).calls.append((goal, server_timeout_s))
+        type(self).handles.append(_Handle(type(self).outcome))
+        return type(self).handles[-1]
 
 
 @pytest.fixture
 def fake_client(monkeypatch: pytest.MonkeyPatch) -> type[_Client]:
     _Client.calls = []
-    _Client.raises = None
+    _Client.handles = []
+    _Client.outcome = "succeeded"
     monkeypatch.setattr(client_module, "ReasonClient", _Client)
     monkeypatch.setattr(rclpy, "init", lambda *a, **k: None)
     monkeypatch.setattr(rclpy, "try_shutdown", lambda *a, **k: None)
@@ -74,11 +100,43 @@ def test_goal_timeout_sets_the_goals_limit_only(fake_client) -> None:
     assert query.WAIT_S > 120.0
 
 
-def test_no_result_in_time_exits_1_saying_the_goal_was_cancelled(
+def test_no_result_in_time_cancels_and_prints_the_nodes_reply_as_json(
         fake_client, capsys: pytest.CaptureFixture[str]) -> None:
-    fake_client.raises = concurrent.futures.TimeoutError()
+    fake_client.outcome = "held"
     assert query.main(["--prompt", "q", "--timeout", "2", "--quiet"]) == 1
-    assert "no result within --timeout 2 s; the goal was cancelled" in capsys.readouterr().err
+    (handle,) = fake_client.handles
+    assert handle.cancelled and handle.waits == [2.0, query.CANCEL_REPLY_S]
+    out = capsys.readouterr()
+    assert json.loads(out.out) == {"status": "canceled"}
+    assert "no result within --timeout 2 s: cancelling the goal" in out.err
+
+
+def test_no_reply_to_the_cancel_exits_1_with_the_clients_view(
+        fake_client, capsys: pytest.CaptureFixture[str]) -> None:
+    fake_client.outcome = "lost"
+    assert query.main(["--prompt", "q", "--timeout", "2", "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert f"no reply to the cancel within {query.CANCEL_REPLY_S:g} s" in err
+    assert "accepted, no result" in err
+
+
+def test_a_server_never_found_is_named_and_the_goal_never_sent(
+        fake_client, capsys: pytest.CaptureFixture[str]) -> None:
+    fake_client.outcome = "unsent"
+    assert query.main(["--prompt", "q", "--timeout", "2", "--quiet"]) == 1
+    (handle,) = fake_client.handles
+    assert handle.cancelled  # so that it is not sent if the server shows up now
+    err = capsys.readouterr().err
+    assert "action server /cosmos_reason/reason not available after 2 s" in err
+
+
+def test_help_offers_every_task_of_the_package(capsys: pytest.CaptureFixture[str]) -> None:
+    from cosmos_reason_ros.core.tasks import TASKS
+
+    with pytest.raises(SystemExit):
+        query.main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert all(task.value in text for task in TASKS) and "count" in text
 
 
 def test_help_tells_the_two_timeouts_apart(capsys: pytest.CaptureFixture[str]) -> None:
