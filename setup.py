@@ -31,7 +31,7 @@ setup(
             "demo = cosmos_reason_ros.tools.demo:main",
             "replay = cosmos_reason_ros.eval.replay:main",
             "demo_recording = cosmos_reason_ros.eval.demo_recording:main",
-            "tiny_model = cosmos_reason_ros.tools.tiny_model:main",
+            "tiny_model = cosmos_reason_ros.eval.tiny_model:main",
             "bench = cosmos_reason_ros.bench.runner:main",
             "soak = cosmos_reason_ros.bench.soak:main",
             "console = cosmos_reason_ros.console.server:main",

@@ -40,6 +40,7 @@ from __future__ import annotations
 import concurrent.futures
 import copy
 import inspect
+import math
 import threading
 import time
 import uuid
@@ -68,6 +69,9 @@ from cosmos_reason_ros.core.types import (
 )
 
 DEFAULT_ACTION = "/cosmos_reason/reason"
+# Goal sources by name (``query --source``, the console's form): ``Reason.Goal.SOURCE_*``.
+SOURCES = {"latest": Reason.Goal.SOURCE_LATEST, "next": Reason.Goal.SOURCE_NEXT,
+           "clip": Reason.Goal.SOURCE_CLIP}
 DEFAULT_SERVER_TIMEOUT_S = 30.0  # submit()/run_async(): how long a goal waits for the server
 # How long a reply may be missing before the goal ends not delivered: the goal response (or
 # the goal in the status), and the result once the status says the goal ended. Discovery lag
@@ -220,6 +224,31 @@ class ReasonResult:
         camera (header, sizes) is in ``message.camera_frames``.
         """
         return tuple(f.camera for f in self.message.camera_frames)
+
+
+def status_name(node_path: str) -> str:
+    """Return the node's ``/diagnostics`` status name, for the node at ``node_path``.
+
+    The namespace is in it (as diagnostic_updater's ``use_fqn``): robots in their own
+    namespaces publish on one ``/diagnostics``, and only the namespace tells them apart.
+    """
+    return f"{node_path}: visual reasoning"
+
+
+def message_to_dict(msg: Any) -> Any:
+    """Convert a ROS message to plain JSON-able data (recursively; NaN becomes null)."""
+    if hasattr(msg, "get_fields_and_field_types"):
+        return {name: message_to_dict(getattr(msg, name))
+                for name in msg.get_fields_and_field_types()}
+    if isinstance(msg, (list, tuple)):
+        return [message_to_dict(v) for v in msg]
+    if isinstance(msg, float) and not math.isfinite(msg):
+        return None
+    if isinstance(msg, (bytes, bytearray)):
+        return len(msg)
+    if hasattr(msg, "tolist"):  # array.array / numpy
+        return msg.tolist()
+    return msg
 
 
 def _settle(future: concurrent.futures.Future[ReasonResult], result: ReasonResult | None = None,

@@ -11,15 +11,16 @@ r"""Start the cosmos_reason node with a config preset.
         camera_info_topic:=/camera/color/camera_info
     ros2 launch cosmos_reason_ros cosmos_reason.launch.py config:=x86_gpu \
         cameras:=front=/front/image_raw,wrist=/wrist/image_raw
-    ros2 launch cosmos_reason_ros cosmos_reason.launch.py config:=x86_gpu lifecycle:=true
+    ros2 launch cosmos_reason_ros cosmos_reason.launch.py config:=x86_gpu autostart:=false
     ros2 launch cosmos_reason_ros cosmos_reason.launch.py config:=x86_gpu console:=true
 
 `config` is a preset name (a file in this package's share/config/) or a path to a parameter
 file; `model`, `engine` and `endpoint` override the preset when non-empty. Everything else is
-a parameter in the file (docs/PARAMETERS.md). `lifecycle:=true` starts a managed node
-(`lifecycle.enabled`, a launch_ros LifecycleNode) that waits unconfigured for a lifecycle
-manager (docs/INTERFACES.md, "Managed (lifecycle) mode"). `console:=true` also starts the
-operator web console (the `console` command) for this node on http://127.0.0.1:8080/.
+a parameter in the file (docs/PARAMETERS.md). The node is a lifecycle node that configures
+and activates itself; `autostart:=false` (`lifecycle.autostart`, a launch_ros LifecycleNode)
+leaves it unconfigured for a lifecycle manager (docs/INTERFACES.md, "Lifecycle").
+`console:=true` also starts the operator web console (the `console` command) for this node
+on http://127.0.0.1:8080/.
 """
 
 # LaunchDescription comes from its module, not `from launch import ...`: this repository's
@@ -66,8 +67,8 @@ ARGUMENTS = (
     ("namespace", "", "Namespace of the node (the preset applies in any namespace)."),
     ("use_sim_time", "false", "Use /clock (rosbag replay with --clock)."),
     ("log_level", "info", "Logging level: debug, info, warn, error, fatal."),
-    ("lifecycle", "false", "Managed (lifecycle) node: unconfigured until a lifecycle manager "
-     "(e.g. nav2_lifecycle_manager) configures and activates it (lifecycle.enabled)."),
+    ("autostart", "true", "Configure and activate the lifecycle node at start; false: it waits "
+     "unconfigured for a lifecycle manager, e.g. nav2_lifecycle_manager (lifecycle.autostart)."),
     ("console", "false", "Also start the operator web console for this node (the console "
      "command) on http://127.0.0.1:8080/, showing image_topic or the cameras."),
 )
@@ -118,9 +119,9 @@ def launch_node(context, *args, **kwargs):
         overrides["engine.url"] = arg["endpoint"]
     if _is_true(arg["depth"]):
         overrides["depth.enabled"] = True
-    managed = _is_true(arg["lifecycle"])
+    managed = not _is_true(arg["autostart"])
     if managed:
-        overrides["lifecycle.enabled"] = True
+        overrides["lifecycle.autostart"] = False
     image_topic = arg["image_topic"]
     compressed_topic = arg["compressed_topic"] or f"{image_topic.rstrip('/')}/compressed"
     remappings = [("image", image_topic), ("image/compressed", compressed_topic),

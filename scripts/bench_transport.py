@@ -43,8 +43,8 @@ from node_process import NodeProcess, rgb_image_msg, scene  # noqa: E402
 from cosmos_reason_interfaces.action import Reason  # noqa: E402
 from cosmos_reason_ros.client import ReasonClient  # noqa: E402
 from cosmos_reason_ros.core.stats import median, percentile  # noqa: E402
+from cosmos_reason_ros.eval.tiny_model import ensure_tiny_model  # noqa: E402
 from cosmos_reason_ros.ros.gcwatch import GcPauses  # noqa: E402
-from cosmos_reason_ros.tools.tiny_model import ensure_tiny_model  # noqa: E402
 
 SLOW_S = 0.3
 

@@ -48,9 +48,8 @@ GROUPS = {
                "off for jetson_orin_nano (one sequence at a time: a prefill would hold the "
                "only slot) and wherever not set.",
     "diagnostics": "/diagnostics publishing and the camera-silence thresholds.",
-    "lifecycle": "Managed (lifecycle) mode: whether the node starts as a lifecycle node, and "
-                 "what deactivate does with goals (docs/INTERFACES.md, \"Managed (lifecycle) "
-                 "mode\").",
+    "lifecycle": "The lifecycle node: whether it configures and activates itself at start, "
+                 "and what deactivate does with goals (docs/INTERFACES.md, \"Lifecycle\").",
 }
 
 HEADER = """\

@@ -126,9 +126,9 @@ EOF
     exit 0
   fi
   for arch in qwen3_vl qwen2_5_vl; do
-    python -m cosmos_reason_ros.tools.tiny_model --arch "$arch" --cache >/dev/null 2>&1 \
+    python -m cosmos_reason_ros.eval.tiny_model --arch "$arch" --cache >/dev/null 2>&1 \
       || { echo "setup: building the tiny $arch model failed" >&2; \
-           python -m cosmos_reason_ros.tools.tiny_model --arch "$arch" --cache; exit 1; }
+           python -m cosmos_reason_ros.eval.tiny_model --arch "$arch" --cache; exit 1; }
   done
 )
 log "ready in $(( $(date +%s) - t0 ))s: source $(basename "$ENVFILE")"

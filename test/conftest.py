@@ -6,11 +6,13 @@ set at import time take effect in this process and in every child process it sta
 
 from __future__ import annotations
 
+import multiprocessing.process
 import os
 import random
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -47,7 +49,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 @pytest.fixture(scope="session")
 def tiny_qwen3_vl() -> Path:
     """A cached tiny random-weight Qwen3-VL checkpoint (Cosmos-Reason2's architecture)."""
-    from cosmos_reason_ros.tools.tiny_model import ensure_tiny_model
+    from cosmos_reason_ros.eval.tiny_model import ensure_tiny_model
 
     return ensure_tiny_model("qwen3_vl")
 
@@ -55,7 +57,7 @@ def tiny_qwen3_vl() -> Path:
 @pytest.fixture(scope="session")
 def tiny_qwen2_5_vl() -> Path:
     """A cached tiny random-weight Qwen2.5-VL checkpoint (Cosmos-Reason1's architecture)."""
-    from cosmos_reason_ros.tools.tiny_model import ensure_tiny_model
+    from cosmos_reason_ros.eval.tiny_model import ensure_tiny_model
 
     return ensure_tiny_model("qwen2_5_vl")
 
@@ -71,6 +73,54 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     slow = {item.nodeid.split("::")[0] for item in items
             if item.get_closest_marker("slow") or item.get_closest_marker("engine")}
     items.sort(key=lambda item: item.nodeid.split("::")[0] not in slow)
+
+
+# The fast tier (make test-fast: neither ``engine`` nor ``slow``) runs in this process only:
+# the in-process node, the scripted engine, one DDS participant. A test that starts a process
+# (a node, a console, a server, a command) is the real tier's and must say so (``slow``); it
+# is refused here at the spawn, so the fast tier cannot grow slow again unnoticed.
+_FAST_TEST: list[str] = []  # the running test's id while it is a fast-tier test
+
+
+class RealTierOnly(Exception):
+    """A fast-tier test started a process."""
+
+
+def _refuse_in_the_fast_tier(what: object) -> None:
+    if _FAST_TEST:
+        raise RealTierOnly(f"{_FAST_TEST[0]} started a process ({str(what)[:120]}): mark it "
+                           "slow (the real tier) or use the in-process node")
+
+
+_popen_init = subprocess.Popen.__init__
+_process_start = multiprocessing.process.BaseProcess.start
+
+
+def _guarded_popen_init(self: subprocess.Popen, args: Any, *rest: Any, **kwargs: Any) -> None:
+    _refuse_in_the_fast_tier(args)
+    _popen_init(self, args, *rest, **kwargs)
+
+
+def _guarded_process_start(self: multiprocessing.process.BaseProcess) -> None:
+    _refuse_in_the_fast_tier(f"multiprocessing {self.name}")
+    _process_start(self)
+
+
+subprocess.Popen.__init__ = _guarded_popen_init  # type: ignore[method-assign]
+multiprocessing.process.BaseProcess.start = _guarded_process_start  # type: ignore[method-assign]
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
+    """Mark the test as fast-tier (no process allowed) for its setup, call and teardown."""
+    fast = not any(item.get_closest_marker(m) for m in ("slow", "engine", "drill"))
+    if fast:
+        _FAST_TEST.append(item.nodeid)
+    try:
+        yield
+    finally:
+        if fast:
+            _FAST_TEST.clear()
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -25,7 +25,6 @@ from fake_engine import FakeEngine, Script, answers_the_task
 from rclpy.action import ActionClient
 from rclpy.context import Context
 from rclpy.executors import MultiThreadedExecutor
-from rclpy.lifecycle import TransitionCallbackReturn
 from rclpy.parameter import Parameter
 from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
 from sensor_msgs.msg import CompressedImage, Image
@@ -33,8 +32,7 @@ from spun_node import SpinThread, SpunNode
 
 from cosmos_reason_interfaces.action import Reason
 from cosmos_reason_interfaces.msg import ReasoningResult
-from cosmos_reason_ros.ros.lifecycle import ManagedReasonNode
-from cosmos_reason_ros.ros.node import ReasonNode
+from cosmos_reason_ros.ros.node import SUCCESS, ReasonNode
 
 # A profile that needs no checkpoint on disk (the fake engine has no tokenizer).
 BASE_PARAMS: dict[str, Any] = {"engine.model": "fake-model", "model.family": "cosmos_reason2",
@@ -74,19 +72,22 @@ class InProcessNode:
 
     def __init__(self, params: dict[str, Any] | None = None,
                  script: Callable[[Any], Script] | None = None,
-                 engine: FakeEngine | None = None, managed: bool = False) -> None:
-        """``managed``: a ``ManagedReasonNode``, configured and activated as a manager would."""
+                 engine: FakeEngine | None = None, image_topic: str = "") -> None:
+        """Start the node: configured and activated (as a manager would, without autostart).
+
+        ``image_topic``: the node's ``image`` remapped there, as a launch file does.
+        """
         self.engine = engine or FakeEngine(script)
         self.context = Context()
         rclpy.init(context=self.context)
         overrides = [Parameter(k, value=v) for k, v in {**BASE_PARAMS, **(params or {})}.items()]
-        self.node = (ManagedReasonNode if managed else ReasonNode)(
-            engine=self.engine, context=self.context, parameter_overrides=overrides)
-        if managed:
-            assert self.node.trigger_configure() == TransitionCallbackReturn.SUCCESS
-            assert self.node.trigger_activate() == TransitionCallbackReturn.SUCCESS
-        else:
-            self.node.start()
+        remaps = ["--ros-args", "-r", f"image:={image_topic}"] if image_topic else None
+        self.node = ReasonNode(engine=self.engine, context=self.context,
+                               parameter_overrides=overrides, cli_args=remaps)
+        self.node.start()
+        if not self.node.autostart:
+            assert self.node.trigger_configure() == SUCCESS, self.node.failure
+            assert self.node.trigger_activate() == SUCCESS, self.node.failure
         self.executor = MultiThreadedExecutor(num_threads=self.node.executor_threads(),
                                               context=self.context)
         self.executor.add_node(self.node)
@@ -106,7 +107,7 @@ class InProcessNode:
         # The default camera: /image, or the first named camera's /<name>/image.
         names = list({**BASE_PARAMS, **(params or {})}.get("cameras.names", []))
         self.camera = self.side.node.create_publisher(
-            Image, f"/{names[0]}/image" if names else "/image", 30)
+            Image, image_topic or (f"/{names[0]}/image" if names else "/image"), 30)
         self._named_cameras: dict[str, Any] = {names[0]: self.camera} if names else {}
         self._compressed: dict[str | None, Any] = {}
         self.results: list[ReasoningResult] = []
@@ -127,7 +128,8 @@ class InProcessNode:
 
     def _on_diagnostics(self, msg: DiagnosticArray) -> None:
         with self._results_cond:
-            self.diagnostics += [s for s in msg.status if s.name.startswith("cosmos_reason:")]
+            self.diagnostics += [s for s in msg.status
+                                 if s.name.lstrip("/").startswith("cosmos_reason:")]
             self._results_cond.notify_all()
 
     def next_diagnostics(self, timeout_s: float = 10.0) -> DiagnosticStatus:
@@ -270,18 +272,18 @@ class InProcessNode:
             return next(r for r in self.results if predicate(r))
 
     def stop_node(self) -> Callable[[float], None]:
-        """Begin the node's own stop (``ReasonNode.close``, what a shutdown runs) on a thread.
+        """Begin the node's own stop (``ReasonNode.release``, what a shutdown runs) on a thread.
 
         The executor keeps spinning and the client side stays up, so the results of the goals
         the stop ends can still be asked for (the stop serves them before its action server
         goes). Returns ``join(timeout_s)``, which fails if the stop has not ended by then.
-        ``close()`` afterwards tears the rest down (the node's close is idempotent).
+        ``close()`` afterwards tears the rest down (``release`` is idempotent).
         """
         errors: list[BaseException] = []
 
         def stop() -> None:
             try:
-                self.node.close()
+                self.node.release()
             except BaseException as exc:  # noqa: BLE001 - handed to join()
                 errors.append(exc)
 
@@ -302,7 +304,7 @@ class InProcessNode:
         self.client.destroy()
         self.client_side.close()
         self.side.close()
-        self.node.close()
+        self.node.release()
         self.spinning.stop()
         self.node.destroy_node()
         rclpy.try_shutdown(context=self.context)

@@ -37,6 +37,26 @@ ENDLESS_TOKENS = 3000
 ENDLESS_LIMITS = {"limits.max_tokens": ENDLESS_TOKENS}
 
 
+CLI_S = 120.0  # bound for one ros2 command (discovery and a lifecycle activation on 2 cores)
+
+
+def ros2(*args: str) -> str:
+    """Run a ``ros2`` verb without the daemon (it would outlive the test); return its output.
+
+    Without the daemon each command discovers the graph afresh, for half a second: on a loaded
+    machine that can miss the node ("Node not found", nothing sent), so it is asked again.
+    """
+    deadline = time.monotonic() + CLI_S
+    while True:
+        done = subprocess.run(["ros2", *args, "--no-daemon"], capture_output=True, text=True,
+                              timeout=CLI_S, check=False)
+        if "Node not found" not in done.stderr or time.monotonic() > deadline:
+            break
+    assert done.returncode == 0, f"ros2 {' '.join(args)}: {done.returncode}\n{done.stdout}" \
+        f"\n{done.stderr}"
+    return done.stdout
+
+
 _LOG_STAMP = re.compile(r"\[[A-Z]+\] \[(\d+\.\d+)\] ")
 
 

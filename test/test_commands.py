@@ -183,6 +183,7 @@ def test_the_docs_quote_each_user_command() -> None:
     assert any(c.kind == "launch" for c in COMMANDS) and any(c.kind == "make" for c in COMMANDS)
 
 
+@pytest.mark.slow  # starts processes or waits on real time: the real tier
 @pytest.mark.parametrize("cmd", COMMANDS, ids=[f"{c.where}:{c.name}" for c in COMMANDS])
 def test_quoted_command_and_its_flags_exist(cmd: DocCommand) -> None:
     flags = _flags(cmd.args)
@@ -217,6 +218,7 @@ def test_quoted_command_and_its_flags_exist(cmd: DocCommand) -> None:
             f"{cmd.where}: {cmd.name} has no option {flag} (see its --help)"
 
 
+@pytest.mark.slow  # starts processes or waits on real time: the real tier
 @pytest.mark.skipif("COSMOS_REASON_ROS_DISTRO" not in os.environ,
                     reason="needs the environment of env-<distro>.sh (scripts/run_tests.sh)")
 @pytest.mark.parametrize("name", sorted(SCRIPTS))

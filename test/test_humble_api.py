@@ -346,8 +346,8 @@ def _self_attributes(cls: ast.ClassDef) -> set[str]:
 def _package_classes(root: Path = PACKAGE) -> dict[str, set[str]]:
     """Class name -> the names it defines itself, for every class of the package.
 
-    A class deriving from one of the package's classes and an rclpy class (the lifecycle
-    node: ``ManagedReasonNode(ReasonNode, LifecycleNode)``) inherits these as its own.
+    A class deriving from one of the package's classes and an rclpy class (e.g.
+    ``class Sub(ReasonNode, LifecycleNode)``) inherits these as its own.
     """
     classes: dict[str, set[str]] = {}
     for path in sorted(root.rglob("*.py")):

@@ -40,7 +40,7 @@ EXPECTED_PRESETS = {"cpu_demo", "x86_gpu", "jetson_orin_nano", "jetson_orin_nx",
                     "jetson_agx_orin", "jetson_thor", "remote_server"}
 LAUNCH_ARGUMENTS = {"config", "model", "engine", "endpoint", "image_topic", "compressed_topic",
                     "depth", "depth_topic", "camera_info_topic", "cameras", "namespace",
-                    "use_sim_time", "log_level", "lifecycle", "console"}
+                    "use_sim_time", "log_level", "autostart", "console"}
 # Chat template, system prompt, reasoning instruction and a short question, in tokens: what a
 # single-image goal needs besides the image and the answer (measured ~60-120 for Reason2).
 TEXT_MARGIN_TOKENS = 150
@@ -436,16 +436,17 @@ def test_parameters_doc_names_every_runtime_parameter() -> None:
     assert "prefill.ready_frame_within_s" in RUNTIME_PARAMS
 
 
-@pytest.mark.parametrize("module", ["tiny_model", "query"])
+@pytest.mark.parametrize("command, module", [("tiny_model", "cosmos_reason_ros.eval.tiny_model"),
+                                             ("query", "cosmos_reason_ros.tools.query")])
 def test_tool_help_names_only_commands_that_exist(
-        module: str, capsys: pytest.CaptureFixture[str]) -> None:
-    tool = importlib.import_module(f"cosmos_reason_ros.tools.{module}")
+        command: str, module: str, capsys: pytest.CaptureFixture[str]) -> None:
+    tool = importlib.import_module(module)
     with pytest.raises(SystemExit):
         tool.main(["--help"])
     text = capsys.readouterr().out
     scripts = _console_scripts()
-    assert scripts[module] == f"cosmos_reason_ros.tools.{module}:main"
-    assert text.startswith(f"usage: {module} ")
+    assert scripts[command] == f"{module}:main"
+    assert text.startswith(f"usage: {command} ")
     run = re.findall(r"ros2 run cosmos_reason_ros (\S+)", text)
     assert run and set(run) <= set(scripts), run
     for name in re.findall(r"python -m (\S+)", text):

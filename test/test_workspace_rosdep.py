@@ -103,6 +103,7 @@ def _from_paths(args: list[str]) -> list[str]:
     return paths
 
 
+@pytest.mark.slow  # starts processes or waits on real time: the real tier
 def test_readme_rosdep_paths_do_not_ask_for_the_interface_package(workspace) -> None:
     args = _readme_command("rosdep", "install")
     proc = _rosdep(workspace, "keys", "--from-paths", *_from_paths(args), "--ignore-src")
@@ -114,6 +115,7 @@ def test_readme_rosdep_paths_do_not_ask_for_the_interface_package(workspace) -> 
     assert keys == _dependency_keys() - set(PACKAGES)
 
 
+@pytest.mark.slow  # starts processes or waits on real time: the real tier
 def test_readme_rosdep_install_line_resolves_every_key(workspace) -> None:
     args = _readme_command("rosdep", "install")
     proc = _rosdep(workspace, "install", "--simulate", *args)
@@ -121,6 +123,7 @@ def test_readme_rosdep_install_line_resolves_every_key(workspace) -> None:
     assert "fake-rclpy" in proc.stdout and "Cannot locate" not in proc.stderr
 
 
+@pytest.mark.slow  # starts processes or waits on real time: the real tier
 def test_the_root_path_alone_misses_the_nested_package(workspace) -> None:
     # The failure the README's second path prevents, reproduced with the same rosdep data.
     proc = _rosdep(workspace, "keys", "--from-paths", "src", "--ignore-src")
@@ -130,6 +133,7 @@ def test_the_root_path_alone_misses_the_nested_package(workspace) -> None:
     assert "Cannot locate rosdep definition for [cosmos_reason_interfaces]" in proc.stderr
 
 
+@pytest.mark.slow  # starts processes or waits on real time: the real tier
 def test_readme_colcon_paths_find_both_packages_once(workspace) -> None:
     ws, env = workspace
     args = _readme_command("colcon", "build")

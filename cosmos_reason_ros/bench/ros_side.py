@@ -101,6 +101,8 @@ class RosSide:
         self.diagnostics: dict[str, str] = {}
         self.node.create_subscription(String, f"{BASELINE_NS}/answer", self._on_answer, deep)
         self.node.create_subscription(String, f"{BASELINE_NS}/first_token", self._on_first, deep)
+        from cosmos_reason_ros.client import status_name
+        self._status_name = status_name(NODE_ACTION.rsplit("/", 1)[0])
         self.node.create_subscription(DiagnosticArray, "/diagnostics", self._on_diag, 10)
         self.get_params = self.node.create_client(GetParameters, "/cosmos_reason/get_parameters")
         self.set_params = self.node.create_client(SetParameters, "/cosmos_reason/set_parameters")
@@ -132,7 +134,7 @@ class RosSide:
 
     def _on_diag(self, msg: Any) -> None:
         for status in msg.status:
-            if status.name.startswith("cosmos_reason"):
+            if status.name == self._status_name:
                 with self._cond:
                     self.diagnostics = {kv.key: kv.value for kv in status.values}
                     self.diagnostics["_received"] = str(time.monotonic())

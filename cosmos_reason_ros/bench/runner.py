@@ -511,7 +511,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.environ["ROS_DOMAIN_ID"] = str(random.Random(os.getpid()).randint(1, 101))
     os.environ.setdefault("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")
     if not args.model:
-        from cosmos_reason_ros.tools.tiny_model import ensure_tiny_model
+        from cosmos_reason_ros.eval.tiny_model import ensure_tiny_model
 
         args.model = str(ensure_tiny_model("qwen3_vl"))
     meta = {"argv": sys.argv[1:] if argv is None else list(argv), "device": args.device,

@@ -491,7 +491,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.connect:
         model = args.model
         if not model and args.preset == "cpu_demo":
-            from cosmos_reason_ros.tools.tiny_model import ensure_tiny_model
+            from cosmos_reason_ros.eval.tiny_model import ensure_tiny_model
 
             model = str(ensure_tiny_model("qwen3_vl"))
         traced = (args.tracemalloc, str(args.tracemalloc_start_s),

@@ -17,9 +17,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from cosmos_reason_ros.core.cdr import header_stamp_ns, read_stored_frame
 from cosmos_reason_ros.core.frames import FrameHistory, StoredFrame
 from cosmos_reason_ros.core.imaging import encode_jpeg, message_to_rgb
-from cosmos_reason_ros.ros.cdr import header_stamp_ns, read_stored_frame
 
 StoredMessage = tuple[bool, bytes]  # (compressed, serialized bytes), as the node stores frames
 JPEG_QUALITY = 80
@@ -97,7 +97,7 @@ class CameraFrames:
 def to_jpeg(frame: StoredMessage, quality: int = JPEG_QUALITY) -> bytes:
     """JPEG bytes of a stored frame; a JPEG ``CompressedImage`` passes through unchanged.
 
-    Uses the node's own readers (``ros/cdr``) and converters (``core/imaging``), so every
+    Uses the node's own readers (``core/cdr``) and converters (``core/imaging``), so every
     encoding the node accepts shows on the page. Raises ``BadImageError`` when unreadable.
     """
     image = read_stored_frame(frame)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 import rclpy
@@ -40,7 +40,7 @@ from sensor_msgs.msg import CompressedImage, Image
 
 from cosmos_reason_interfaces.action import Reason
 from cosmos_reason_interfaces.msg import ReasoningResult
-from cosmos_reason_ros.client import GoalHandle, ReasonClient
+from cosmos_reason_ros.client import GoalHandle, ReasonClient, status_name
 from cosmos_reason_ros.console.frames import CameraFrames
 from cosmos_reason_ros.core.cameras import DEFAULT_CAMERA
 
@@ -128,6 +128,9 @@ class ConsoleBridge:
         self.node_path = "/" + node.strip("/")
         self.events = events
         self._cameras_fixed = bool(cameras)
+        # Neither cameras nor a topic given: show the topics the node itself takes (its status
+        # names them resolved, so a remapped camera is found too).
+        self._follow_node_topics = not cameras and not image_topic
         self._follow_node_reliability = camera_reliability == "auto"
         self._reliability = "best_effort" if camera_reliability == "auto" else camera_reliability
         self._history = (history_frames, history_bytes)
@@ -143,7 +146,7 @@ class ConsoleBridge:
         self._subscribe_cameras(camera_topics(self.node_path, cameras, image_topic))
         self.node.create_subscription(ReasoningResult, f"{self.node_path}/results",
                                       events.on_result, RESULTS_QOS)
-        _, self._node_name = split_node_path(self.node_path)
+        self._status_name = status_name(self.node_path)
         self.node.create_subscription(DiagnosticArray, "/diagnostics", self._on_diagnostics, 10)
         self._parameters = self.node.create_client(GetParameters,
                                                    f"{self.node_path}/get_parameters")
@@ -232,12 +235,23 @@ class ConsoleBridge:
 
     def _on_diagnostics(self, msg: DiagnosticArray) -> None:
         for status in msg.status:
-            # The node names its status "<node name>: visual reasoning" (ros/diagnostics.py).
-            if status.name.split(":", 1)[0] == self._node_name:
+            if status.name == self._status_name:
+                if self._follow_node_topics:
+                    self._follow_topics({kv.key: kv.value for kv in status.values})
                 self.events.on_status({"level": int.from_bytes(status.level, "little")
                                        if isinstance(status.level, bytes) else int(status.level),
                                        "message": status.message,
                                        "values": {kv.key: kv.value for kv in status.values}})
+
+    def _follow_topics(self, values: dict[str, str]) -> None:
+        """Resubscribe a pane whose camera the node takes from another topic (a remap)."""
+        topics = self.topics
+        followed = [replace(t, stream_topic=values.get(
+            f"{t.name}.image_topic", values.get("image_topic", "") if len(topics) == 1 else "")
+            or t.stream_topic) for t in topics]
+        if followed != topics:
+            self._subscribe_cameras(followed)
+            self.events.on_node_parameters(self.camera_names(), None)
 
     # --- goals -------------------------------------------------------------------------------
 

@@ -50,6 +50,8 @@ import math
 import os
 import secrets
 import signal
+import socket
+import ssl
 import struct
 import sys
 import time
@@ -61,10 +63,10 @@ from urllib.parse import urlsplit
 
 from aiohttp import WSMsgType, web
 
+from cosmos_reason_ros.client import SOURCES, message_to_dict
 from cosmos_reason_ros.core import prompts
 from cosmos_reason_ros.core.tasks import TASKS
 from cosmos_reason_ros.core.types import CosmosReasonError, ErrorCode
-from cosmos_reason_ros.tools.query import SOURCES, message_to_dict
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 TOKEN_ENV = "COSMOS_REASON_CONSOLE_TOKEN"
@@ -717,7 +719,46 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--token", default=os.environ.get(TOKEN_ENV, ""),
                     help=f"token every request must carry (default ${TOKEN_ENV}; required, and "
                     "generated when not given, on a non-loopback --host)")
+    ap.add_argument("--tls-cert", type=Path, metavar="FILE",
+                    help="serve HTTPS with this certificate chain (PEM; with --tls-key): the "
+                    "token and the pictures are then encrypted on the network")
+    ap.add_argument("--tls-key", type=Path, metavar="FILE",
+                    help="the certificate's private key (PEM; with --tls-cert)")
     return ap
+
+
+def tls_context(cert: Path | None, key: Path | None) -> ssl.SSLContext | None:
+    """Return the server's TLS context for ``--tls-cert``/``--tls-key`` (None: plain HTTP).
+
+    Raises ``ValueError`` naming the option and the file when they cannot be used.
+    """
+    if cert is None and key is None:
+        return None
+    if cert is None or key is None:
+        raise ValueError("--tls-cert and --tls-key go together: give both, or neither for "
+                         "plain HTTP")
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        context.load_cert_chain(cert, key)
+    except (OSError, ssl.SSLError) as e:
+        raise ValueError(f"--tls-cert {cert} / --tls-key {key}: cannot be used: {e}") from None
+    return context
+
+
+def reachable_host(host: str) -> str:
+    """Return a name for ``host`` that a browser elsewhere can use in the printed URL.
+
+    A wildcard (0.0.0.0, ::) is no address to browse to: it is replaced by this machine's
+    address on its default route (found without sending anything), else its host name.
+    """
+    if host not in ("0.0.0.0", "::", ""):
+        return f"[{host}]" if ":" in host else host
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect(("192.0.2.1", 9))  # UDP: chooses the route, sends nothing
+            return probe.getsockname()[0]
+    except OSError:
+        return socket.gethostname()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -734,6 +775,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if not args.fps > 0:
         print(f"console: --fps {args.fps:g}: must be > 0", file=sys.stderr)
+        return 2
+    try:
+        args.tls = tls_context(args.tls_cert, args.tls_key)
+    except ValueError as e:
+        print(f"console: {e}", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     token, generated = resolve_token(args.host, args.token or None)
@@ -755,15 +801,15 @@ async def _serve(args: argparse.Namespace, token: str | None, generated: bool,
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
     try:
-        site = web.TCPSite(runner, args.host, args.port)
+        site = web.TCPSite(runner, args.host, args.port, ssl_context=args.tls)
         await site.start()
     except OSError as e:
         print(f"console: cannot listen on {args.host}:{args.port}: {e}", file=sys.stderr)
         await runner.cleanup()
         return 1
     port = runner.addresses[0][1]
-    host = f"[{args.host}]" if ":" in args.host else args.host
-    url = f"http://{host}:{port}/" + (f"?token={token}" if token else "")
+    scheme = "https" if args.tls else "http"
+    url = f"{scheme}://{reachable_host(args.host)}:{port}/" + (f"?token={token}" if token else "")
     note = " (token generated: pass --token or $" + TOKEN_ENV + " to fix it)" if generated else ""
     print(f"console: serving {url} for {args.node}{note}", flush=True)
     await stop.wait()

@@ -496,7 +496,7 @@ def rgb_to_image_fields(rgb: np.ndarray, encoding: str = "rgb8") -> ImageFields:
 class ImageMessage:
     """A camera image's fields, raw (``sensor_msgs/Image``) or compressed (``CompressedImage``).
 
-    Read from the wire (``ros/cdr.read_frame``), a recording or a goal; the pixels of a raw
+    Read from the wire (``core/cdr.read_frame``), a recording or a goal; the pixels of a raw
     image may be a view into the serialized message.
     """
 

@@ -417,14 +417,14 @@ class DiagnosticsParams:
 class LifecycleParams:
     """The ``lifecycle.*`` parameters.
 
-    Managed (lifecycle) mode: whether the node starts as a lifecycle node, and what deactivate does
-    with goals (docs/INTERFACES.md, "Managed (lifecycle) mode").
+    The lifecycle node: whether it configures and activates itself at start, and what deactivate
+    does with goals (docs/INTERFACES.md, "Lifecycle").
     """
 
-    enabled: bool
-    """Start as a managed (lifecycle) node: unconfigured until a lifecycle manager configures and
-    activates it (docs/INTERFACES.md, "Managed (lifecycle) mode"). Read once at process start.
-    Default: false."""
+    autostart: bool
+    """Configure and activate at start. False: the node waits unconfigured for a lifecycle manager
+    (docs/INTERFACES.md, "Lifecycle"), and a bad parameter fails configure instead of the start.
+    Default: true."""
 
     deactivate_goals: str
     """What deactivate does with accepted goals: 'finish' lets them end on their own (those still

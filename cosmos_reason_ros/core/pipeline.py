@@ -14,7 +14,7 @@ same goal about the same frame builds the same engine request everywhere:
    (each camera's own, with several).
 
 ROS stays outside: callers pass plain callables for stages, progress and "should I stop", and
-read frames through a ``read_frame`` function (``ros/cdr.read_frame`` for CDR bytes).
+read frames through a ``read_frame`` function (``core/cdr.read_frame`` for CDR bytes).
 """
 
 from __future__ import annotations
@@ -123,7 +123,7 @@ class Stop(str, enum.Enum):
 
     CANCEL = "cancel"
     SHUTDOWN = "shutdown"
-    DEACTIVATE = "deactivate"  # a managed node leaving the active state (ros/lifecycle.py)
+    DEACTIVATE = "deactivate"  # the node leaving the active state (ros/node.py)
 
 
 @dataclass(frozen=True)

@@ -1,1 +1,1 @@
-"""Offline evaluation: replay of recordings, scenarios, scoring, bag I/O, reports, demo data."""
+"""Offline evaluation: replay, scenarios, scoring, bag I/O, reports, demo data, tiny models."""

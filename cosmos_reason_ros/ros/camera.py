@@ -27,12 +27,12 @@ try:  # Iron and later; Humble has it in rclpy.qos_event (deprecated there since
 except ImportError:  # pragma: no cover - Humble
     from rclpy.qos_event import SubscriptionEventCallbacks
 
+from cosmos_reason_ros.core import cdr
 from cosmos_reason_ros.core.cameras import DEFAULT_CAMERA
 from cosmos_reason_ros.core.frames import FrameHistory
 from cosmos_reason_ros.core.params import NodeParams
 from cosmos_reason_ros.core.rgbd import CameraModel
 from cosmos_reason_ros.core.types import CosmosReasonError
-from cosmos_reason_ros.ros import cdr
 
 StoredMessage = tuple[bool, bytes]  # (compressed, serialized bytes)
 
@@ -180,6 +180,11 @@ class Camera:
         """The colour topics, for messages naming the camera (depth ones are not colour)."""
         names = [w.topic for w in self._wanted if w.colour]
         return ", ".join(names) or "(no camera subscription)"
+
+    @property
+    def image_topic(self) -> str:
+        """The colour topic a viewer should show, as resolved (remaps applied): raw if taken."""
+        return next((w.topic for w in self._wanted if w.colour), "")
 
     def camera_model(self) -> CameraModel | None:
         """Return the colour camera's intrinsics from the latest CameraInfo (None before one)."""

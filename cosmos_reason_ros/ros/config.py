@@ -168,6 +168,7 @@ RENAMED = {
     "engine.endpoints": "engine.url (the server or router) plus engine.fallback_urls "
                         "(ordered, used while it is unreachable); load balancing belongs "
                         "to the router (docs/DEPLOYMENT.md)",
+    "lifecycle.enabled": "lifecycle.autostart (false: wait for a lifecycle manager)",
 }
 
 
@@ -402,10 +403,10 @@ PARAMS: tuple[Param, ...] = (
           _range(0)),
     Param("diagnostics.camera_error_s", 10.0, "ERROR when no frame arrived for this long.",
           _range(0)),
-    # --- lifecycle.* (managed mode) ------------------------------------------------------
-    Param("lifecycle.enabled", False, "Start as a managed (lifecycle) node: unconfigured until "
-          "a lifecycle manager configures and activates it (docs/INTERFACES.md, \"Managed "
-          "(lifecycle) mode\"). Read once at process start."),
+    # --- lifecycle.* --------------------------------------------------------------------
+    Param("lifecycle.autostart", True, "Configure and activate at start. False: the node "
+          "waits unconfigured for a lifecycle manager (docs/INTERFACES.md, \"Lifecycle\"), "
+          "and a bad parameter fails configure instead of the start."),
     Param("lifecycle.deactivate_goals", "finish", "What deactivate does with accepted goals: "
           "'finish' lets them end on their own (those still running after "
           "deactivate_timeout_s are stopped), 'cancel' stops them at once (ABORTED, "
@@ -688,8 +689,9 @@ def check_params_files(files: Sequence[str], node_fqn: str,
 def descriptor(param: Param, managed: bool = False) -> Any:
     """Build the ``ParameterDescriptor`` of ``param``: description, read-only, constraints.
 
-    ``managed`` (a lifecycle node): nothing is read-only, so a parameter can be fixed while
-    the node is unconfigured; the node's set-parameters callback refuses other changes.
+    ``managed`` (``lifecycle.autostart`` false): nothing is read-only, so a parameter can be
+    fixed while the node is unconfigured; the node's set-parameters callback refuses other
+    changes.
 
     Ranges become ``integer_range`` / ``floating_point_range`` (step 0: any value between
     the bounds), so ``ros2 param describe`` shows them and rclpy refuses a runtime value
@@ -721,8 +723,7 @@ def _is_ros_own(name: str, node: Any) -> bool:
     return node.has_parameter(name) or name.startswith("qos_overrides.")
 
 
-def declare_and_load(node: Any, argv: Sequence[str] | None = None, *,
-                     managed: bool = False) -> NodeParams | None:
+def declare_and_load(node: Any, argv: Sequence[str] | None = None) -> NodeParams | None:
     """Declare every parameter on ``node`` and return the validated values.
 
     The values come from the node's parameter overrides (parameters files, ``-p``); before
@@ -732,10 +733,10 @@ def declare_and_load(node: Any, argv: Sequence[str] | None = None, *,
     declared with their validated values, statically typed (an integer written for a double
     parameter, e.g. ``max_age_s: 5``, is declared as 5.0) and with their constraints.
 
-    ``managed`` (a lifecycle node, validated again at each configure): a value outside its
-    check is declared as given and None is returned, so the node comes up unconfigured and a
-    lifecycle manager sees configure fail with the reason; unknown names and wrong types
-    still raise.
+    With ``lifecycle.autostart`` false (the node waits for a lifecycle manager, and validates
+    again at each configure) a value outside its check is declared as given and None is
+    returned, so the manager sees configure fail with the reason; unknown names and wrong
+    types still raise.
     """
     # Humble's rclpy has no public accessor for the overrides the node was created with
     # (rcl resolves them per node in Node.__init__); `_parameter_overrides` holds them, with
@@ -752,6 +753,7 @@ def declare_and_load(node: Any, argv: Sequence[str] | None = None, *,
             f"file or -p; docs/PARAMETERS.md lists the parameters)")
     check_params_files(ros_params_files(sys.argv if argv is None else argv), fqn,
                        node._parameter_overrides)
+    managed = overrides.get("lifecycle.autostart") is False
     params: NodeParams | None
     try:
         params = validate(overrides)

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
 
+from cosmos_reason_ros.client import status_name
 from cosmos_reason_ros.core.params import NodeParams
 from cosmos_reason_ros.core.pipeline import UNAVAILABLE_STATES
 from cosmos_reason_ros.core.stats import percentile
@@ -32,6 +33,11 @@ def node_status(node: ReasonNode) -> DiagnosticStatus:
     camera also has ``<name>.frames_received`` / ``<name>.frame_age_s``, and any silent
     camera raises the level.
     """
+    if not node.configured:  # unconfigured or finalized: only the state to report
+        return DiagnosticStatus(
+            level=DiagnosticStatus.WARN, name=status_name(node.get_fully_qualified_name()),
+            message=f"lifecycle state {node.lifecycle_state}",
+            values=[KeyValue(key="lifecycle_state", value=node.lifecycle_state)])
     p = node.params
     health = node.runner.health()
     stats = node.history.stats()
@@ -45,7 +51,11 @@ def node_status(node: ReasonNode) -> DiagnosticStatus:
     if health.state.value != "ready":
         bad = health.state.value in UNAVAILABLE_STATES
         level = max(level, DiagnosticStatus.ERROR if bad else DiagnosticStatus.WARN)
-        problems.append(f"engine {health.state.value}")
+        problems.append(f"engine {health.state.value}"
+                        + (f": {health.detail}" if health.detail else ""))
+    if health.problems:  # the engine is up, yet every goal fails (e.g. a rejected API key)
+        level = DiagnosticStatus.ERROR
+        problems.extend(health.problems)
     if counters.get("answered_from_reasoning"):
         level = max(level, DiagnosticStatus.WARN)
         problems.append(f"{counters['answered_from_reasoning']} answers only in the server's "
@@ -60,11 +70,18 @@ def node_status(node: ReasonNode) -> DiagnosticStatus:
         level = _camera_level(p, silent, f"camera {camera.name}", level, problems)
         newest = camera.history.latest()
         camera_values[f"{camera.name}.frames_received"] = camera.history.stats().received
+        camera_values[f"{camera.name}.image_topic"] = camera.image_topic
         camera_values[f"{camera.name}.frame_age_s"] = "" if newest is None \
             else f"{(node.now_ns() - newest.stamp_ns) / 1e9:.3f}"
+    if node.lifecycle_state != "active":
+        level = max(level, DiagnosticStatus.WARN)
+        problems.append(f"lifecycle state {node.lifecycle_state}")
     values = {
-        "engine_state": health.state.value, "model": health.model or node.runner.model_name,
+        "lifecycle_state": node.lifecycle_state, "engine_state": health.state.value,
+        "model": health.model or node.runner.model_name,
         "engine_running_requests": health.running_requests,
+        # The resolved topic (remaps applied): a viewer (the console) shows what the node sees.
+        "image_topic": node.camera.image_topic,
         "frames_received": stats.received, "frames_stored": stats.frames,
         "frame_age_s": "" if frame_age_s is None else f"{frame_age_s:.3f}",
         **camera_values,
@@ -83,7 +100,7 @@ def node_status(node: ReasonNode) -> DiagnosticStatus:
         for q in (50, 95):
             values[f"{name}_p{q}_s"] = f"{percentile(series, q):.4f}" if series else ""
     return DiagnosticStatus(
-        level=level, name=f"{node.get_name()}: visual reasoning",
+        level=level, name=status_name(node.get_fully_qualified_name()),
         hardware_id=node.runner.model_name, message="; ".join(problems) or "ok",
         values=[KeyValue(key=k, value=str(v)) for k, v in values.items()])
 

@@ -3,11 +3,35 @@
 The node declares parameters, takes camera frames (stored serialized, on an ingest node of
 its own), serves ``~/reason`` goals through ``GoalPipeline``, and publishes results,
 diagnostics and optional outputs. Threads and what each may touch: docs/DEVELOPING.md.
+
+It is an ``rclpy.lifecycle`` node (as llama_ros and yolo_ros are). ``lifecycle.autostart``
+(default true) configures and activates it at start; false leaves it unconfigured for a
+lifecycle manager (Nav2's, or ``ros2 lifecycle set``). The transitions:
+
+- configure: parameters validated (their current values), the engine object built (not
+  started), publishers and the action server created; goals are refused while inactive;
+- activate: the engine started and warmed (bounded by ``engine.start_timeout_s``; a stop
+  signal ends the start at once, ``ros/serve.py``), camera subscriptions, timers and goals on;
+- deactivate: new goals refused, accepted goals finished or stopped
+  (``lifecycle.deactivate_goals``, bounded by ``lifecycle.deactivate_timeout_s``), timers and
+  subscriptions off; the engine stays loaded, so activating again is fast;
+- cleanup: ``release``: the engine shut down and its processes ended and reaped (their memory
+  released), everything configure built destroyed: the node can be configured again, with
+  changed parameters;
+- shutdown (from any state; also what the process runs at exit): ``release`` after every
+  accepted goal ended with its result ("node shutting down ...").
+
+A failed transition returns FAILURE with the reason in the log (configure: a bad parameter;
+activate: the engine did not start), and the node stays where it was. ``/diagnostics`` reports
+the lifecycle state in every state. With ``lifecycle.autostart`` false parameters are settable
+while unconfigured and read-only (but the runtime ones) after; with it true they are read-only
+from the start. States and timings: docs/INTERFACES.md, "Lifecycle".
 """
 
 from __future__ import annotations
 
 import collections
+import functools
 import sys
 import threading
 import time
@@ -20,12 +44,12 @@ from rcl_interfaces.msg import SetParametersResult
 from rclpy.action import CancelResponse, GoalResponse
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallbackGroup
 from rclpy.executors import SingleThreadedExecutor
-from rclpy.node import Node
+from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
 from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
 
 from cosmos_reason_interfaces.action import Reason
 from cosmos_reason_interfaces.msg import ReasoningResult
-from cosmos_reason_ros.core import parsing
+from cosmos_reason_ros.core import cdr, parsing
 from cosmos_reason_ros.core.admission import GoalSlots
 from cosmos_reason_ros.core.answer3d import DepthLifter
 from cosmos_reason_ros.core.models import ModelProfile, detect_profile
@@ -44,10 +68,18 @@ from cosmos_reason_ros.core.types import (
 from cosmos_reason_ros.engines.base import Engine
 from cosmos_reason_ros.engines.factory import create_engine
 from cosmos_reason_ros.engines.runner import EngineRunner
-from cosmos_reason_ros.ros import cdr, diagnostics, messages, process_life
+from cosmos_reason_ros.ros import diagnostics, messages, process_life, pylog
 from cosmos_reason_ros.ros.action_results import ResultRequestsActionServer
 from cosmos_reason_ros.ros.camera import CameraSet
-from cosmos_reason_ros.ros.config import ConfigError, declare_and_load, engine_options, validate
+from cosmos_reason_ros.ros.config import (
+    PARAMS_BY_NAME,
+    RUNTIME_PARAMS,
+    ConfigError,
+    declare_and_load,
+    declared_values,
+    engine_options,
+    validate,
+)
 from cosmos_reason_ros.ros.gcwatch import GcPauses, freeze_heap
 from cosmos_reason_ros.ros.outputs import Outputs
 from cosmos_reason_ros.ros.target_frame import TargetFrame
@@ -55,20 +87,58 @@ from cosmos_reason_ros.ros.workers import PeriodicRuns, PrefillWorker
 
 NODE_NAME = "cosmos_reason"
 ACTION_QUEUE_DEPTH = 256  # requests and feedback messages buffered per action service/topic
+TRANSITION_SPARE = 5  # spare executor threads (threads_for_goals), one for a transition
 Feedback = Reason.Feedback
+SUCCESS, FAILURE = TransitionCallbackReturn.SUCCESS, TransitionCallbackReturn.FAILURE
+INACTIVE = "lifecycle state 'inactive': activate the node to serve goals"
+Transition = Callable[["ReasonNode", LifecycleState], TransitionCallbackReturn]
 
 
-class ReasonNode(Node):
+def _transition(name: str, refusal: str | None = None) -> Callable[[Transition], Transition]:
+    """Log the transition and its time; an unexpected exception is logged, then ERROR.
+
+    (rclpy turns an exception in a transition callback into ERROR without a word.) A
+    ``refusal`` is in force before the first line is logged, so a client that reads the line
+    and sends a goal is refused, however the threads are scheduled. What made a transition
+    fail is kept in ``failure`` (``start`` raises it).
+    """
+    def wrap(method: Transition) -> Transition:
+        @functools.wraps(method)
+        def run(self: ReasonNode, state: LifecycleState) -> TransitionCallbackReturn:
+            t0 = time.monotonic()
+            if refusal is not None:
+                self.refusal = refusal
+            self.get_logger().info(f"lifecycle: {name} from {state.label!r}")
+            try:
+                result = method(self, state)
+            except (ConfigError, CosmosReasonError) as e:
+                self.failure = e
+                self.get_logger().error(f"lifecycle: {name} failed: {e}")
+                return FAILURE
+            except Exception as e:  # noqa: BLE001 - the boundary of a transition
+                self.failure = e
+                self.get_logger().error(f"lifecycle: {name} failed: internal error: {e!r}")
+                return TransitionCallbackReturn.ERROR
+            self.get_logger().info(f"lifecycle: {name} done took_s={time.monotonic() - t0:.2f}")
+            return result
+        return run
+    return wrap
+
+
+class ReasonNode(LifecycleNode):
     """Serves ``~/reason`` goals about the camera stream and publishes ``~/results``."""
 
-    def __init__(self, engine: Engine | None = None, *, managed: bool = False,
-                 **kwargs: Any) -> None:
-        """Declare and validate parameters, then ``configure`` (``managed``: on its transition).
+    def __init__(self, engine: Engine | None = None, **kwargs: Any) -> None:
+        """Declare the parameters; build nothing until configure (``start`` with autostart).
 
         ``engine`` replaces the one ``engine.kind`` would build (tests inject a scripted one).
+        Raises ``ConfigError`` for a bad parameter unless ``lifecycle.autostart`` is false.
         """
         super().__init__(NODE_NAME, **kwargs)
-        params = declare_and_load(self, managed=managed)
+        # The engines' and core's Python log lines go out as this node's (name, time, /rosout).
+        self._python_log = pylog.forward_to(self.get_logger())
+        declare_and_load(self)
+        self.autostart: bool = self.get_parameter("lifecycle.autostart").value
         self._engine = engine
         self._stopping = threading.Event()
         self._counters_lock = threading.Lock()
@@ -77,16 +147,51 @@ class ReasonNode(Node):
         self._action_server: ResultRequestsActionServer | None = None
         self._ended_by_stop: set[bytes] = set()  # goal ids, for serve_results
         self.serving_timers: list[Any] = []
-        self._threads_started = False
-        self.refusal: str | None = None  # while set, new goals are refused with this reason
+        self._owned: list[Any] = []  # publishers configure created (cleanup destroys them)
+        self.configured = self._engine_started = self.activating = False
+        self._autostarting = False  # start() runs the transitions (serve logs "ready:")
+        self.lifecycle_state = "unconfigured"
+        self.refusal: str | None = "lifecycle state 'unconfigured'"  # new goals refused
         self.stop_goals: Stop | None = None  # while set, accepted goals stop for this reason
+        self.failure: BaseException | None = None  # what made the last transition fail
+        # Processes below the node before its engine started (None: not started): release
+        # ends only those started since, never a test's or a tool's other children.
+        self._engine_pids: set[int] | None = None
         self.startup_s = 0.0
         self.latencies: collections.deque[tuple[float, float]] = collections.deque(maxlen=500)
         self.gc_pauses = GcPauses().install()
-        if params is not None and not managed:
-            self.configure(params)
+        # Every running and queued goal blocks an executor thread, and the executor is made
+        # once: its size comes from the limits given at start (configure refuses more).
+        limits = declared_values(self)
+        self._threads = threads_for_goals(limits["limits.max_concurrent_goals"],
+                                          limits["limits.max_queued_goals"], TRANSITION_SPARE)
+        # /diagnostics reports the lifecycle state in every state, so it is the node's own.
+        self.diagnostics_pub = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
+        self._diagnostics_group = MutuallyExclusiveCallbackGroup()
+        self._diagnostics_timer = self.create_timer(
+            max(0.1, limits["diagnostics.period_s"]), lambda: diagnostics.publish(self),
+            callback_group=self._diagnostics_group)
+        self.add_on_set_parameters_callback(self._on_set_parameters)
 
-    def configure(self, p: NodeParams, subscribe: bool = True) -> None:
+    def start(self) -> None:
+        """With ``lifecycle.autostart``: configure and activate; raise what stopped either.
+
+        Without it, nothing: a lifecycle manager drives the node.
+        """
+        if not self.autostart:
+            self.get_logger().info("lifecycle: unconfigured, waiting for configure and "
+                                   "activate (~/change_state)")
+            return
+        self._autostarting = True  # serve logs "ready:" once a signal no longer interrupts
+        self.failure = None
+        try:
+            for trigger in (self.trigger_configure, self.trigger_activate):
+                if trigger() != SUCCESS:
+                    raise self.failure or EngineError("lifecycle transition failed")
+        finally:
+            self._autostarting = False
+
+    def configure(self, p: NodeParams) -> None:
         """Build the engine object (not started), cameras, goal pipeline and publishers."""
         self.params = p
         try:
@@ -104,6 +209,7 @@ class ReasonNode(Node):
                 raise ConfigError(f"invalid engine.* parameters: {e}") from e
         self.runner = EngineRunner(engine)
         self.prefill = PrefillPolicy(skip_while_busy=p.prefill.skip_while_busy)
+        before = set(self.publishers)
         # Frames are taken on a node and executor of their own (same process and DDS
         # participant, names resolved with this node's remaps). On the goal executor, camera
         # traffic held back ~5% of goal requests by 0.1-3 s (docs/PERFORMANCE.md, "Action
@@ -115,7 +221,7 @@ class ReasonNode(Node):
         self._ingest_executor.add_node(self._ingest_node)
         self._ingest_thread: threading.Thread | None = None
         self.cameras = CameraSet(self, self._ingest_node, p, self.now_ns, self._on_frame,
-                                 subscribe=subscribe)
+                                 subscribe=False)
         self.camera = self.cameras.default  # prefill, periodic runs and 3D use this one
         self.history = self.camera.history
         settings = Settings.from_params(p, self.profile, self.get_fully_qualified_name())
@@ -132,10 +238,15 @@ class ReasonNode(Node):
         self.periodic = PeriodicRuns(self)
         self.prefill_worker = PrefillWorker(self, busy=lambda: bool(
             self.slots.running or self.slots.queued or self.periodic.busy.is_set()))
-        self._prefill_wake = self.prefill_worker.wake
         self.outputs = Outputs(self, depth=p.depth.enabled, default_camera=self.camera.name,
                                cameras=tuple(p.cameras.names))
-        self.diagnostics_pub = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
+        self._owned = [pub for pub in self.publishers if pub not in before]
+        self._threads_started = False
+        self.open_action_server()
+        self.destroy_timer(self._diagnostics_timer)  # its period may have changed
+        self._diagnostics_timer = self.create_timer(
+            p.diagnostics.period_s, lambda: diagnostics.publish(self),
+            callback_group=self._diagnostics_group)
 
     @property
     def last_frame_monotonic(self) -> float | None:
@@ -146,7 +257,7 @@ class ReasonNode(Node):
 
     @property
     def stopping(self) -> bool:
-        """True once the node has begun shutting down."""
+        """True once the node has begun shutting down (or cleaning up)."""
         return self._stopping.is_set()
 
     @property
@@ -154,14 +265,89 @@ class ReasonNode(Node):
         """Set when the node begins shutting down (background threads wait on it)."""
         return self._stopping
 
-    def start(self) -> None:
-        """Load and warm up the engine, then open the action server, timers and threads."""
+    @_transition("configure")
+    def on_configure(self, state: LifecycleState) -> TransitionCallbackReturn:
+        """Validate the parameters; build the engine object, publishers, action server."""
+        params = validate(declared_values(self))
+        need = threads_for_goals(params.limits.max_concurrent_goals,
+                                 params.limits.max_queued_goals, TRANSITION_SPARE)
+        if need > self._threads:
+            raise ConfigError(
+                f"limits.max_concurrent_goals + limits.max_queued_goals need {need} executor "
+                f"threads, the process has {self._threads} (from the values at start): "
+                f"restart the node to raise them")
+        self._stopping = threading.Event()  # this configuration's stop (workers wait on it)
+        self._engine_started = False
+        self.configure(params)
+        self.refusal, self.configured, self.lifecycle_state = INACTIVE, True, "inactive"
+        return SUCCESS
+
+    @_transition("activate")
+    def on_activate(self, state: LifecycleState) -> TransitionCallbackReturn:
+        """Start and warm the engine (kept from a previous activation), then serve."""
         t0 = time.monotonic()
-        self.start_engine()
-        self.open_action_server()
+        if not self._engine_started:
+            self.get_logger().info(
+                f"lifecycle: starting the engine model={self.params.engine.model!r} "
+                f"(at most engine.start_timeout_s={self.params.engine.start_timeout_s:g} s)")
+            self._engine_pids = set(process_life.descendants())
+            self.activating = True
+            try:
+                self.start_engine()
+            finally:
+                self.activating = False
+            self._engine_started = True
+        self.cameras.subscribe()
         self.resume()
-        self.add_on_set_parameters_callback(self._on_set_parameters)
+        self.stop_goals, self.refusal, self.lifecycle_state = None, None, "active"
         self.startup_s = time.monotonic() - t0
+        if not self._autostarting:
+            self.log_ready()
+        return SUCCESS
+
+    @_transition("deactivate", refusal="lifecycle state 'deactivating': the node serves goals "
+                 "only when active")
+    def on_deactivate(self, state: LifecycleState) -> TransitionCallbackReturn:
+        """Refuse new goals; finish or stop the accepted ones; timers and cameras off."""
+        rule = self.params.lifecycle
+        in_flight = self.slots.running + self.slots.queued
+        if rule.deactivate_goals == "cancel":
+            self.stop_goals = Stop.DEACTIVATE
+        if not self.wait_goals(rule.deactivate_timeout_s, linger=bool(in_flight)):
+            self.get_logger().warning(
+                f"lifecycle: {self.slots.running + self.slots.queued} goal(s) still running "
+                f"after lifecycle.deactivate_timeout_s={rule.deactivate_timeout_s:g}: stopping "
+                f"them")
+            self.stop_goals = Stop.DEACTIVATE
+            self.wait_goals(SHUTDOWN_GOALS_S, linger=True)
+        self.periodic.join(SHUTDOWN_GOALS_S)
+        self._stop_timers()
+        self.cameras.subscribe(False)
+        self.refusal, self.lifecycle_state = INACTIVE, "inactive"
+        self.get_logger().info(f"lifecycle: deactivated goals_in_flight={in_flight} "
+                               f"rule={rule.deactivate_goals}; engine kept loaded")
+        return SUCCESS
+
+    @_transition("cleanup")
+    def on_cleanup(self, state: LifecycleState) -> TransitionCallbackReturn:
+        """Shut the engine down (its processes ended) and destroy what configure built."""
+        self.release()
+        self.lifecycle_state = "unconfigured"
+        return SUCCESS
+
+    @_transition("shutdown")
+    def on_shutdown(self, state: LifecycleState) -> TransitionCallbackReturn:
+        """End goals (with their results) and the engine, from any state."""
+        self.release()
+        self.refusal, self.lifecycle_state = "lifecycle state 'finalized'", "finalized"
+        return SUCCESS
+
+    @_transition("error processing")
+    def on_error(self, state: LifecycleState) -> TransitionCallbackReturn:
+        """Release what exists and go back to unconfigured (configurable again)."""
+        self.release()
+        self.lifecycle_state = "unconfigured"
+        return SUCCESS
 
     def start_engine(self) -> None:
         """Load and warm up the engine; raise if that failed and is fatal (in-process).
@@ -201,13 +387,10 @@ class ReasonNode(Node):
     def resume(self) -> None:
         """Timers on; the first time after ``configure`` also the prefill and ingest threads."""
         p = self.params
-        timer_group = MutuallyExclusiveCallbackGroup()
-        self.serving_timers = [self.create_timer(
-            p.diagnostics.period_s, lambda: diagnostics.publish(self),
-            callback_group=timer_group)]
         if p.periodic.enabled:
             self.serving_timers.append(self.create_timer(
-                p.periodic.period_s, self.periodic.on_timer, callback_group=timer_group))
+                p.periodic.period_s, self.periodic.on_timer,
+                callback_group=self._diagnostics_group))
         if not self._threads_started:
             self._threads_started = True
             self.prefill_worker.start()
@@ -220,8 +403,15 @@ class ReasonNode(Node):
                                        f"collector's view ({took_s:.2f} s)")
         self.gc_pauses.reset()  # diagnostics count the pauses while serving, not startup's
 
+    def _stop_timers(self) -> None:
+        for timer in self.serving_timers:
+            self.destroy_timer(timer)
+        self.serving_timers = []
+
     def log_ready(self) -> None:
-        """Log the one "ready:" line (after start; tools and tests wait for it)."""
+        """Log the one "ready:" line once active (tools and tests wait for it)."""
+        if self.lifecycle_state != "active":
+            return
         p = self.params
         self.get_logger().info(
             f"ready: model={self.runner.model_name} family={self.profile.key} "
@@ -229,34 +419,48 @@ class ReasonNode(Node):
             f"max_concurrent_goals={self.slots.max_running} prefill={p.prefill.enabled}")
 
     def _on_set_parameters(self, params: list[Any]) -> SetParametersResult:
-        # Only config.RUNTIME_PARAMS reach here (the rest are declared read-only); checked
-        # like startup values, and applied only if all of them are valid: a new frozen
-        # NodeParams replaces the old one whole.
+        # Parameters of the table: non-runtime ones change only while unconfigured (with
+        # autostart they are declared read-only, and rclpy refuses them before this); runtime
+        # ones are checked like startup values and applied only if all of them are valid: a
+        # new frozen NodeParams replaces the old one whole. rclpy's own (use_sim_time) pass.
+        ours = [p for p in params if p.name in PARAMS_BY_NAME]
+        fixed = [p.name for p in ours if p.name not in RUNTIME_PARAMS]
+        if self.configured and fixed:
+            return SetParametersResult(successful=False, reason=(
+                f"{', '.join(fixed)}: settable only while unconfigured (clean up first)"))
+        if not self.configured or not ours:
+            return SetParametersResult(successful=True)  # validated on configure
         try:
-            updated = validate({**self.params.to_values(),
-                                **{p.name: p.value for p in params}})
+            updated = validate({**self.params.to_values(), **{p.name: p.value for p in ours}})
         except ConfigError as e:
             return SetParametersResult(successful=False, reason=str(e))
         self.params = updated
         self.pipeline.settings = Settings.from_params(updated, self.profile,
                                                       self.get_fully_qualified_name())
-        for param in params:
+        for param in ours:
             self.get_logger().info(f"{param.name} set to {param.value}")
         return SetParametersResult(successful=True)
 
-    def close(self, spin: Callable[[float], object] | None = None) -> None:
-        """Stop taking goals, end the accepted ones with their results, shut the engine down.
+    def release(self, spin: Callable[[float], object] | None = None) -> None:
+        """End every accepted goal with its result, then the engine and what configure built.
 
+        The one teardown: cleanup, shutdown and the process's exit (``ros/serve.py``) run it.
         Every accepted goal (running, queued, or not begun) ends ABORTED with
         ENGINE_UNAVAILABLE ("node shutting down ...") while the action server still exists, so
         its result reaches the client and ``~/results``. ``spin(timeout_s)`` runs the node's
-        executor meanwhile (``main``); without it another thread must be spinning it. Bounded:
-        goals get ``SHUTDOWN_GOALS_S``, then the engine is closed under those left.
+        executor meanwhile (``serve``); without it another thread must be spinning it.
+        Bounded: goals get ``SHUTDOWN_GOALS_S``, then the engine is closed under those left.
+        The engine's processes are ended (what its shutdown left is killed) and reaped, and
+        the shared memory they held released. Idempotent; nothing to do unless configured.
         """
-        if self._stopping.is_set():
+        if not self.configured:
             return
+        self.configured = False
+        self.refusal = "lifecycle state 'unconfigured'"
         self._stopping.set()
-        self._prefill_wake.set()
+        keep, self._engine_pids = self._engine_pids, None
+        segments = set() if keep is None else process_life.shared_memory_below(keep)
+        self.prefill_worker.stop()
         self.cameras.close()  # goals waiting for a frame see the stop at once
         in_flight = bool(self.slots.running + self.slots.queued)
         ended = self.wait_goals(SHUTDOWN_GOALS_S, spin, linger=in_flight)
@@ -269,10 +473,20 @@ class ReasonNode(Node):
         self.runner.close(timeout_s=self.params.engine.shutdown_timeout_s + 10.0)
         if not ended:
             self.wait_goals(SHUTDOWN_GOALS_AFTER_ENGINE_S, spin, linger=in_flight)
-        self.gc_pauses.uninstall()
+        # vLLM may kill its core before it unlinks its segments, and leaves it unreaped.
+        left = [] if keep is None else process_life.end_descendants(grace_s=1.0, keep=keep)
+        released = process_life.release_shared_memory(segments)
+        self._stop_timers()
         self.stop_ingest()
+        self._ingest_node.destroy_node()
         if self._action_server is not None:
             self._action_server.destroy()
+            self._action_server = None
+        for publisher in self._owned:
+            self.destroy_publisher(publisher)
+        self._owned = []
+        self.get_logger().info(f"engine shut down; processes_ended={len(left)} "
+                               f"segments_released={len(released)}")
 
     def wait_goals(self, limit_s: float, spin: Callable[[float], object] | None = None,
                    linger: bool = False) -> bool:
@@ -310,12 +524,17 @@ class ReasonNode(Node):
             wait(0.05)
 
     def destroy_node(self) -> None:
-        """Destroy the camera ingest node too (absent when a bad parameter stopped __init__).
+        """Destroy the node (release it first: ``release`` ends goals and the engine).
 
-        Does not close the node: rclpy's context shutdown destroys its nodes, and must not
-        wait for an engine (``main`` closes the node first, or abandons an interrupted start).
+        rclpy's context shutdown destroys its nodes, and must not wait for an engine
+        (``serve`` releases the node first, or abandons an interrupted start). A bad
+        parameter may have stopped ``__init__`` before anything below existed.
         """
-        if hasattr(self, "_ingest_node"):
+        if hasattr(self, "_python_log"):
+            pylog.stop_forwarding(self._python_log)
+        if hasattr(self, "gc_pauses"):
+            self.gc_pauses.uninstall()
+        if getattr(self, "configured", False):
             self.stop_ingest()
             self._ingest_node.destroy_node()
         super().destroy_node()
@@ -331,8 +550,8 @@ class ReasonNode(Node):
             self._ingest_thread.join(timeout=2.0)
 
     def executor_threads(self) -> int:
-        """Threads the executor needs: every running and queued goal blocks one."""
-        return threads_for_goals(self.slots.max_running, self.slots.max_queued)
+        """Threads the executor needs (fixed at start; one more for transitions)."""
+        return self._threads
 
     def now_ns(self) -> int:
         """Return the node clock (sim time under replay) in nanoseconds."""
@@ -351,7 +570,7 @@ class ReasonNode(Node):
         # reported in the goal's result with a specific code.
         if self.stopping:
             return GoalResponse.REJECT
-        if self.refusal is not None:  # a managed node that is not active
+        if self.refusal is not None:  # not active
             return self._refuse(goal, EngineUnavailableError(self.refusal))
         try:
             self.slots.admit()

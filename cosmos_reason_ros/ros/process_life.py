@@ -20,7 +20,8 @@ print ``KeyboardInterrupt`` tracebacks. Three mechanisms, each for one way a nod
 - ``StopSignals``: SIGINT/SIGTERM raise ``StartupInterrupted`` in the main thread while the
   node starts (the main thread waits for the engine in short slices, so the exception comes
   within a fraction of a second), and only set ``stop`` once it serves: ``main`` then ends the
-  goals in order.
+  goals in order. An activate a lifecycle manager asked for runs on an executor thread: the
+  main loop sees the stop and ends that engine start the same way.
 - ``end_descendants``: kills whatever still runs below the node (an interrupted engine start,
   or anything an engine shutdown left) and releases the shared memory those processes held.
 
@@ -211,13 +212,13 @@ def descendants(pid: int | None = None) -> list[int]:
     return found
 
 
-def shared_memory_below() -> set[str]:
+def shared_memory_below(keep: Iterable[int] = ()) -> set[str]:
     """Return the multiprocessing shared memory and semaphores mapped below this process.
 
-    File names in ``/dev/shm``, for ``release_shared_memory``.
+    File names in ``/dev/shm``, for ``release_shared_memory``; processes in ``keep`` left out.
     """
-    tracker = _resource_tracker_pid()
-    return _mapped_files(pid for pid in descendants() if pid != tracker)
+    left_out = {_resource_tracker_pid(), *keep}
+    return _mapped_files(pid for pid in descendants() if pid not in left_out)
 
 
 def release_shared_memory(files: Iterable[str]) -> list[str]:
@@ -249,8 +250,12 @@ def release_shared_memory(files: Iterable[str]) -> list[str]:
     return released
 
 
-def end_descendants(grace_s: float = 0.0) -> list[str]:
+def end_descendants(grace_s: float = 0.0, keep: Iterable[int] = ()) -> list[str]:
     """Kill every process below this one but the resource tracker; return their names.
+
+    Processes in ``keep`` (there before the engine started) are left alone. The children
+    that ended are reaped: an engine core that vLLM killed, or that was killed here, would
+    otherwise stay a ``<defunct>`` entry until the next multiprocessing start.
 
     ``grace_s`` lets processes that are ending anyway go first (vLLM has just SIGKILLed its
     engine core: freeing a few GB takes the kernel a moment).
@@ -260,26 +265,40 @@ def end_descendants(grace_s: float = 0.0) -> list[str]:
     then the segments they hold are listed, they are killed, and the segments released. The
     resource tracker is left to exit by itself once nothing holds its pipe.
     """
-    tracker = _resource_tracker_pid()
+    left_out = {_resource_tracker_pid(), *keep}
     deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline and any(p != tracker for p in descendants()):
+    while time.monotonic() < deadline and any(p not in left_out for p in descendants()):
         time.sleep(0.05)
     pids: list[int] = []
     for _ in range(10):  # until no process is starting below the stopped ones
-        new = [p for p in descendants() if p != tracker and p not in pids]
+        new = [p for p in descendants() if p not in left_out and p not in pids]
         if not new:
             break
         for pid in new:
             _signal(pid, signal.SIGSTOP)
         pids += new
-    if not pids:
-        return []
     names = [_process_name(pid) for pid in pids]
     segments = _mapped_files(pids)
     for pid in pids:
         _signal(pid, signal.SIGKILL)
     release_shared_memory(segments)
+    _reap(pids)
     return names
+
+
+def _reap(killed: Iterable[int], timeout_s: float = 5.0) -> None:
+    """Wait (bounded) until ``killed`` have died, then reap this process's ended children.
+
+    ``multiprocessing.active_children`` joins the ended ones it started (vLLM's engine core),
+    keeping its own bookkeeping right; killing frees gigabytes, which takes the kernel a moment.
+    """
+    pending = set(killed)
+    deadline = time.monotonic() + timeout_s
+    while pending and time.monotonic() < deadline:
+        pending &= set(descendants())  # a zombie is no longer listed
+        if pending:
+            time.sleep(0.02)
+    multiprocessing.active_children()
 
 
 def end_interrupted_start() -> list[str]:

@@ -18,32 +18,37 @@ from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
 from rclpy.signals import SignalHandlerOptions
 
 from cosmos_reason_ros.core.types import CosmosReasonError
-from cosmos_reason_ros.ros import dds, lifecycle, process_life
+from cosmos_reason_ros.engines.base import Engine
+from cosmos_reason_ros.ros import dds, process_life, pylog
 from cosmos_reason_ros.ros.config import ConfigError
 from cosmos_reason_ros.ros.node import NODE_NAME, ReasonNode
 
 
-def serve(args: list[str] | None = None) -> NoReturn:
+def serve(args: list[str] | None = None, engine: Engine | None = None) -> NoReturn:
     """Run the node until SIGINT/SIGTERM; exit 2 on a configuration error, 1 on engine failure.
 
-    A stop signal during start-up ends the engine start at once (its processes are killed)
-    and exits 0 with one log line. Once serving, every accepted goal ends with an aborted
-    result before the action server goes (``ReasonNode.close``). No process started by the
-    node outlives it, however it ends (``process_life``).
+    A stop signal while the engine starts (``lifecycle.autostart``, or an activate a lifecycle
+    manager asked for) ends the start at once (its processes are killed) and exits 0 with one
+    log line. Once serving, every accepted goal ends with an aborted result before the action
+    server goes (``ReasonNode.release``). No process started by the node outlives it, however
+    it ends (``process_life``). ``engine`` replaces the configured one (tests).
     """
     dds_profile = dds.use_writer_profile()  # before the first participant
     rclpy.init(args=args, signal_handler_options=SignalHandlerOptions.NO)
     signals = process_life.StopSignals()
     process_life.own_spawned_processes()
-    logger = rclpy.logging.get_logger(NODE_NAME)
-    logger.info(dds_profile)
+    logger = rclpy.logging.get_logger(NODE_NAME)  # until the node exists
     node: ReasonNode | None = None
     executor: MultiThreadedExecutor | None = None
     code = 0
     try:
         try:
-            node = lifecycle.create_node()  # managed: built and started by its transitions
-            node.start()
+            node = ReasonNode(engine)
+            # The process's lines are the node's: its name under any namespace or remap.
+            logger = node.get_logger()
+            logger.info(dds_profile)
+            pylog.match_vllm_logging(logger)
+            node.start()  # autostart: configure and activate here, in the main thread
         finally:
             signals.started()  # from here on a signal only sets signals.stop
         # Announced only now: a stop signal after "ready" is a normal shutdown, not an
@@ -53,6 +58,8 @@ def serve(args: list[str] | None = None) -> NoReturn:
         executor.add_node(node)
         while rclpy.ok() and not signals.stop.is_set():
             executor.spin_once(timeout_sec=0.2)
+        if node.activating:  # a manager's activate, on an executor thread: stop it the same
+            raise process_life.StartupInterrupted(signals.signum or signal.SIGTERM)
     except process_life.StartupInterrupted as e:
         # The engine may be half built on its loop thread: its processes are killed rather
         # than shut down (that would wait for the start to finish first).
@@ -72,28 +79,17 @@ def serve(args: list[str] | None = None) -> NoReturn:
     finally:
         t_stop = time.monotonic()
         if node is not None and signals.signum is not None:
-            logger.info(f"{signal.Signals(signals.signum).name} received: stopping "
-                        f"(goals_running={node.slots.running} "
-                        f"goals_queued={node.slots.queued})")
-        # Segments the engine's processes hold now; released below if its shutdown leaves
-        # them (its core may be killed before it unlinks them).
-        segments = process_life.shared_memory_below()
+            busy = f"goals_running={node.slots.running} goals_queued={node.slots.queued}" \
+                if node.configured else f"lifecycle_state={node.lifecycle_state}"
+            logger.info(f"{signal.Signals(signals.signum).name} received: stopping ({busy})")
         if node is not None:
-            node.close(spin=None if executor is None
-                       else lambda t: executor.spin_once(timeout_sec=t))
+            node.release(spin=None if executor is None
+                         else lambda t: executor.spin_once(timeout_sec=t))
         if executor is not None:
             executor.shutdown(timeout_sec=2.0)
         if node is not None:
             node.destroy_node()
         rclpy.try_shutdown()
-        left = process_life.end_descendants(grace_s=1.0)
-        if left:
-            logger.warning(f"ended {len(left)} process(es) still running after the engine "
-                           f"shut down: {', '.join(left)}")
-        released = process_life.release_shared_memory(segments)
-        if released:
-            logger.info(f"released {len(released)} shared-memory segment(s) the engine left: "
-                        f"{', '.join(released)}")
     if code == 0 and node is not None:
         logger.info(f"shut down cleanly in {time.monotonic() - t_stop:.1f} s")
     _exit_now(code)

@@ -1,1 +1,1 @@
-"""Thin console entry points: query, demo, tiny_model (replay is in eval/, bench in bench/)."""
+"""Thin console entry points: query, demo (replay and tiny_model are in eval/, bench in bench/)."""

@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     model, preset = args.model, args.preset
     if not model:
-        from cosmos_reason_ros.tools.tiny_model import ensure_tiny_model
+        from cosmos_reason_ros.eval.tiny_model import ensure_tiny_model
 
         model = str(ensure_tiny_model("qwen3_vl"))
         preset = preset or "cpu_demo"

@@ -22,34 +22,18 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import json
-import math
 import sys
 from pathlib import Path
 from typing import Any
 
-SOURCES = {"latest": 0, "next": 1, "clip": 2}
+from cosmos_reason_ros.client import SOURCES, message_to_dict
+
 # The client's default wait: longer than the node's default goal limit (120 s), so a goal
 # that runs out of time ends with the node's TIMEOUT result rather than a cancel from here.
 WAIT_S = 150.0
 # After --timeout, how long to wait for the node's result of the cancel: the goal's end is
 # printed (as any result) rather than left unknown.
 CANCEL_REPLY_S = 10.0
-
-
-def message_to_dict(msg: Any) -> Any:
-    """Convert a ROS message to plain JSON-able data (recursively; NaN becomes null)."""
-    if hasattr(msg, "get_fields_and_field_types"):
-        return {name: message_to_dict(getattr(msg, name))
-                for name in msg.get_fields_and_field_types()}
-    if isinstance(msg, (list, tuple)):
-        return [message_to_dict(v) for v in msg]
-    if isinstance(msg, float) and not math.isfinite(msg):
-        return None
-    if isinstance(msg, (bytes, bytearray)):
-        return len(msg)
-    if hasattr(msg, "tolist"):  # array.array / numpy
-        return msg.tolist()
-    return msg
 
 
 def camera_list(text: str) -> list[str]:

@@ -7,7 +7,7 @@ safetensors, plus a small offline byte-level BPE tokenizer with the Qwen special
 a Qwen3-VL processor (Qwen2VL image processor, patch 16, merge 2, mean/std 0.5) and a
 Qwen3-VL-style chat template. Nothing is downloaded.
 
-The tokenizer and chat template come from cosmos_reason_ros.tools.tiny_model (the tests'
+The tokenizer and chat template come from cosmos_reason_ros.eval.tiny_model (the tests'
 builder); the model dimensions are the real 2B ones (see main()).
 
 Usage:  python make_qwen3vl_2b.py --out /root/m2b [--device cuda]
@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo, when run as a script
-from cosmos_reason_ros.tools.tiny_model import (  # noqa: E402
+from cosmos_reason_ros.eval.tiny_model import (  # noqa: E402
     QWEN3_VL_CHAT_TEMPLATE,
     QWEN_ADDED,
     QWEN_SPECIALS,

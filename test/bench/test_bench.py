@@ -131,6 +131,7 @@ def test_a_run_starts_only_the_sides_its_modes_measure(modes: str, started: set[
         bench.gc_pauses.uninstall()
 
 
+@pytest.mark.slow  # starts processes or waits on real time: the real tier
 def test_archive_packs_the_whole_run_into_one_file(tmp_path: Path) -> None:
     # The lifting phase runs in-process (no engine, no node): seconds.
     out = tmp_path / "run"

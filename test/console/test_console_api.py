@@ -18,6 +18,7 @@ import signal
 import threading
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -362,6 +363,71 @@ def test_console_process_stops_cleanly_on_sigint() -> None:
         assert not console.tree.survivors_after(5.0)
         assert any("console: stopping" in line for line in console.lines)
     finally:
+        console.tree.close()
+
+
+def self_signed(tmp_path: Path) -> tuple[Path, Path]:
+    """A certificate for 127.0.0.1 and its key, as PEM files (what an operator would make)."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "robot console")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(days=1))
+            .not_valid_after(now + datetime.timedelta(days=30))
+            .add_extension(x509.SubjectAlternativeName(
+                [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+            .sign(key, hashes.SHA256()))
+    cert_file, key_file = tmp_path / "console.crt", tmp_path / "console.key"
+    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_file.write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                           serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return cert_file, key_file
+
+
+def test_tls_options_go_together_and_name_a_bad_file(tmp_path: Path) -> None:
+    cert, key = self_signed(tmp_path)
+    assert server.tls_context(None, None) is None
+    assert server.tls_context(cert, key) is not None
+    with pytest.raises(ValueError, match="--tls-cert and --tls-key go together"):
+        server.tls_context(cert, None)
+    with pytest.raises(ValueError, match=f"--tls-cert {key} / --tls-key {cert}: cannot be used"):
+        server.tls_context(key, cert)
+
+
+def test_a_wildcard_host_is_printed_as_an_address_a_browser_can_use() -> None:
+    assert server.reachable_host("127.0.0.1") == "127.0.0.1"
+    assert server.reachable_host("::1") == "[::1]"
+    assert server.reachable_host("0.0.0.0") not in ("0.0.0.0", "")
+
+
+@pytest.mark.slow  # starts processes or waits on real time: the real tier
+def test_console_with_tls_serves_the_page_over_https_only(tmp_path: Path) -> None:
+    import ssl
+    import urllib.error
+    import urllib.request
+
+    cert, key = self_signed(tmp_path)
+    console = ConsoleProcess("--node", "/no_such_node", "--tls-cert", str(cert),
+                             "--tls-key", str(key))
+    try:
+        assert console.url.startswith("https://127.0.0.1:")
+        trusted = ssl.create_default_context(cafile=str(cert))
+        with urllib.request.urlopen(console.url, context=trusted, timeout=WAIT_S) as page:
+            assert page.status == 200 and b"console.js" in page.read()
+        with pytest.raises((urllib.error.URLError, ConnectionError, OSError)):
+            urllib.request.urlopen(console.url.replace("https://", "http://"), timeout=WAIT_S)
+    finally:
+        assert console.stop() == 0
         console.tree.close()
 
 

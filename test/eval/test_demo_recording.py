@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 pytest.importorskip("rosbags", reason="needs rosbags (make setup)")
+from cosmos_reason_ros.core.cdr import read_stored_frame  # noqa: E402
 from cosmos_reason_ros.core.rgbd import check_registration, depth_image  # noqa: E402
 from cosmos_reason_ros.eval import bagio  # noqa: E402
 from cosmos_reason_ros.eval import demo_recording as dr  # noqa: E402
-from cosmos_reason_ros.ros.cdr import read_stored_frame  # noqa: E402
 
 PARAMS = dr.RecordingParams(width=320, height=240, duration_s=0.2, storage="mcap")
 

@@ -20,11 +20,11 @@ import pytest
 import yaml
 
 pytest.importorskip("vllm", reason="needs the vLLM engine (make setup)")
+from cosmos_reason_ros.core.cdr import read_stored_frame  # noqa: E402
 from cosmos_reason_ros.core.lifting import lift_box  # noqa: E402
 from cosmos_reason_ros.core.rgbd import depth_image  # noqa: E402
 from cosmos_reason_ros.core.types import Box  # noqa: E402
 from cosmos_reason_ros.eval import bagio, demo_recording, replay  # noqa: E402
-from cosmos_reason_ros.ros.cdr import read_stored_frame  # noqa: E402
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 

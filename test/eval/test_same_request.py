@@ -20,11 +20,11 @@ from fake_engine import FakeEngine  # noqa: E402
 from inprocess_node import InProcessNode  # noqa: E402
 
 from cosmos_reason_interfaces.action import Reason  # noqa: E402
+from cosmos_reason_ros.core.cdr import read_stored_frame  # noqa: E402
 from cosmos_reason_ros.core.imaging import message_to_rgb  # noqa: E402
 from cosmos_reason_ros.eval import bagio, demo_recording  # noqa: E402
 from cosmos_reason_ros.eval.replay import OfflineRunner, ReplayConfig  # noqa: E402
 from cosmos_reason_ros.eval.scenario import build_schedule, load_scenario  # noqa: E402
-from cosmos_reason_ros.ros.cdr import read_stored_frame  # noqa: E402
 
 pytestmark = [pytest.mark.ros]
 PROMPT = "What is on the table?"

@@ -24,7 +24,8 @@ from waiting import wait_until  # noqa: E402
 from cosmos_reason_ros.client import ReasonClient  # noqa: E402
 from cosmos_reason_ros.core.types import ErrorCode  # noqa: E402
 
-pytestmark = [pytest.mark.ros]
+# A node process of its own: the real tier.
+pytestmark = [pytest.mark.ros, pytest.mark.slow]
 
 KEEP_S = 2
 STATUS_TOPIC = "/cosmos_reason/reason/_action/status"

@@ -115,6 +115,7 @@ def served():
     assert n.stop() == 0, "\n".join(n.lines[-40:])
 
 
+@pytest.mark.slow  # starts processes or waits on real time: the real tier
 def test_fresh_clients_used_at_once_get_every_goal_answered(served):
     image = rgb_image_msg(scene(320, 240, seed=5), 42_000_000_000, "goal_cam")
     fields = {"source": Goal.SOURCE_GOAL_IMAGE, "image": image, "max_tokens": 8}
@@ -234,6 +235,7 @@ def readme_python_example() -> str:
     return match.group(1)
 
 
+@pytest.mark.slow  # starts processes or waits on real time: the real tier
 def test_readme_python_example_runs_as_printed(node):
     code = readme_python_example()
     assert "ReasonClient()" in code and "client.ground(" in code  # the block we mean

@@ -46,7 +46,11 @@ from waiting import wait_until  # noqa: E402
 
 from cosmos_reason_interfaces.action import Reason  # noqa: E402
 from cosmos_reason_ros.bench import stats  # noqa: E402
-from cosmos_reason_ros.client import ReasonClient, ReasonResult  # noqa: E402
+from cosmos_reason_ros.client import (  # noqa: E402
+    ReasonClient,
+    ReasonResult,
+    status_name,  # noqa: E402
+)
 from cosmos_reason_ros.core.cameras import DEFAULT_CAMERA  # noqa: E402
 from cosmos_reason_ros.core.types import ErrorCode  # noqa: E402
 
@@ -178,7 +182,7 @@ class Robot:
 
     def _on_diag(self, msg: DiagnosticArray) -> None:
         for status in msg.status:
-            if status.name.startswith(f"{self.name}:"):
+            if status.name == status_name(f"/{self.name}"):
                 with self.cond:
                     self.diag = {kv.key: kv.value for kv in status.values}
                     self.cond.notify_all()

@@ -20,10 +20,11 @@ from sensor_msgs.msg import Image  # noqa: E402
 from spun_node import SpunNode  # noqa: E402
 from waiting import wait_until  # noqa: E402
 
-from cosmos_reason_ros.client import ReasonClient  # noqa: E402
+from cosmos_reason_ros.client import ReasonClient, status_name  # noqa: E402
 from cosmos_reason_ros.core.types import ErrorCode  # noqa: E402
 
-pytestmark = [pytest.mark.ros]
+# A node process of its own: the real tier.
+pytestmark = [pytest.mark.ros, pytest.mark.slow]
 
 NAME, TOPIC = "front_reasoner", "/front/image_raw"
 
@@ -49,7 +50,7 @@ def test_renamed_node_takes_remapped_frames_on_its_ingest_node(renamed_node):
 
     def on_diagnostics(msg: DiagnosticArray) -> None:
         for status in msg.status:
-            if status.name.startswith(f"{NAME}:"):
+            if status.name == status_name(f"/{NAME}"):
                 diagnostics.update({kv.key: kv.value for kv in status.values})
                 if int(diagnostics.get("frames_received", 0)) >= 1:
                     received.set()

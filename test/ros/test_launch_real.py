@@ -23,14 +23,13 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("rclpy", reason="needs the ROS 2 wheels (make setup)")
-from node_process import NodeProcess, ProcessTree, ros_arguments  # noqa: E402
+from node_process import NodeProcess, ProcessTree, ros2, ros_arguments  # noqa: E402
 
 pytestmark = [pytest.mark.ros]
 
@@ -38,7 +37,6 @@ pytestmark = [pytest.mark.ros]
 # node and its worker a grandchild, the processes a SIGKILLed node used to leave running.
 ENGINE_PROCESSES = {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
 GONE_S = 30.0  # bound for the engine processes to end after the node: expiry = "never"
-CLI_S = 120.0  # bound for one ros2 command (discovery and a lifecycle activation on 2 cores)
 
 
 def installed_executable() -> Path | None:
@@ -66,12 +64,12 @@ class InstalledNode(NodeProcess):
 
 
 class LaunchedNode(NodeProcess):
-    """``ros2 launch cosmos_reason_ros cosmos_reason.launch.py`` with the preset, managed."""
+    """``ros2 launch cosmos_reason_ros cosmos_reason.launch.py`` with the preset, no autostart."""
 
     def command(self, preset: str, params: dict[str, object],
                 remaps: Sequence[str]) -> list[str]:
         return ["ros2", "launch", "cosmos_reason_ros", "cosmos_reason.launch.py",
-                f"config:={preset}", f"model:={params['engine.model']}", "lifecycle:=true"]
+                f"config:={preset}", f"model:={params['engine.model']}", "autostart:=false"]
 
 
 def node_below(tree: ProcessTree) -> object:
@@ -86,23 +84,6 @@ def _is_node(process) -> bool:
         return any(arg.endswith("/cosmos_reason_node") for arg in process.cmdline()[:2])
     except Exception:  # noqa: BLE001 - ended meanwhile
         return False
-
-
-def ros2(*args: str) -> str:
-    """Run a ``ros2`` verb without the daemon (it would outlive the test); return its output.
-
-    Without the daemon each command discovers the graph afresh, for half a second: on a loaded
-    machine that can miss the node ("Node not found", nothing sent), so it is asked again.
-    """
-    deadline = time.monotonic() + CLI_S
-    while True:
-        done = subprocess.run(["ros2", *args, "--no-daemon"], capture_output=True, text=True,
-                              timeout=CLI_S, check=False)
-        if "Node not found" not in done.stderr or time.monotonic() > deadline:
-            break
-    assert done.returncode == 0, f"ros2 {' '.join(args)}: {done.returncode}\n{done.stdout}" \
-        f"\n{done.stderr}"
-    return done.stdout
 
 
 def kill_node_and_check_nothing_remains(node: NodeProcess, tree: ProcessTree,
@@ -149,6 +130,7 @@ WRAPPER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # starts processes
 @pytest.mark.parametrize("fix", [False, True], ids=["as-is", "spawn_children_from"])
 def test_children_spawned_under_a_console_script_run_the_entry_module(tmp_path, fix):
     (tmp_path / "entry_module.py").write_text(ENTRY_MODULE)

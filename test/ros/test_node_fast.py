@@ -12,6 +12,7 @@ import pytest
 
 rclpy = pytest.importorskip("rclpy", reason="needs the ROS 2 wheels (make setup)")
 from action_msgs.msg import GoalStatus  # noqa: E402
+from diagnostic_msgs.msg import DiagnosticStatus  # noqa: E402
 from fake_engine import Script  # noqa: E402
 from inprocess_node import InProcessNode  # noqa: E402
 from rclpy.parameter import Parameter  # noqa: E402
@@ -318,6 +319,23 @@ def test_diagnostics_count_outcomes(make_node):
     assert values["goals_succeeded"] == "1" and values["goals_rejected"] == "1"
     assert values["engine_state"] == "ready" and values["frames_received"] == "1"
     assert values["ttft_p50_s"] != ""
+
+
+def test_diagnostics_name_the_node_by_its_path_and_an_engine_problem_is_an_error(make_node):
+    from cosmos_reason_ros.ros.diagnostics import node_status
+
+    n = make_node()
+    n.publish()
+    n.wait_frames(1)
+    status = node_status(n.node)
+    assert status.name == "/cosmos_reason: visual reasoning"
+    assert status.level == DiagnosticStatus.OK, status.message
+    rejected = "http://server:8000/v1 returned HTTP 401: API key rejected; check CR_KEY"
+    n.engine.problems = (rejected,)
+    status = node_status(n.node)
+    assert status.level == DiagnosticStatus.ERROR and rejected in status.message
+    values = {kv.key: kv.value for kv in status.values}
+    assert values["engine_state"] == "ready"
 
 
 def test_runtime_parameter_keeps_its_type_and_reaches_the_goal_path(make_node):

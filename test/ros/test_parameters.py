@@ -339,6 +339,7 @@ def get_values(side: Any, names: list[str]) -> dict[str, ParameterValue]:
     return dict(zip(names, response.values, strict=True))
 
 
+@pytest.mark.slow  # starts processes or waits on real time: the real tier
 def test_process_in_a_namespace_runs_with_its_preset(robot1):
     proc, side = robot1
     assert "[robot1.cosmos_reason]: ready: " in proc.output  # the namespaced node's log
@@ -351,6 +352,7 @@ def test_process_in_a_namespace_runs_with_its_preset(robot1):
     assert v["engine.read_timeout_s"].double_value == 60.0
 
 
+@pytest.mark.slow  # starts processes or waits on real time: the real tier
 def test_process_describes_constraints_for_ros2_param_describe(robot1):
     _, side = robot1
     names = ["prefill.ready_frame_within_s", "limits.max_tokens", "engine.kind"]
@@ -365,6 +367,7 @@ def test_process_describes_constraints_for_ros2_param_describe(robot1):
     assert not any(x.dynamic_typing for x in d.values())
 
 
+@pytest.mark.slow  # starts processes or waits on real time: the real tier
 def test_process_keeps_a_double_a_double_when_set_with_an_integer(robot1):
     _, side = robot1
     name = "prefill.ready_frame_within_s"
@@ -384,6 +387,7 @@ def test_process_keeps_a_double_a_double_when_set_with_an_integer(robot1):
     assert (value.type, value.double_value) == (ParameterType.PARAMETER_DOUBLE, 0.25)
 
 
+@pytest.mark.slow  # starts processes or waits on real time: the real tier
 def test_process_given_a_file_for_another_node_name_stops_at_start(tmp_path):
     from node_process import NodeProcess
 

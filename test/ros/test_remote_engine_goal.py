@@ -62,7 +62,7 @@ def vllm_python() -> str | None:
 
 def tiny_model_dir() -> Path:
     """The cached tiny Qwen3-VL (built by a venv with torch: this one may have none)."""
-    from cosmos_reason_ros.tools.tiny_model import ensure_tiny_model
+    from cosmos_reason_ros.eval.tiny_model import ensure_tiny_model
 
     try:
         return ensure_tiny_model("qwen3_vl")

@@ -122,6 +122,7 @@ class RecordingServer:
         self.sock.close()
 
 
+@pytest.mark.slow  # starts processes or waits on real time: the real tier
 @pytest.mark.ros
 def test_key_given_as_a_parameter_stops_the_node_without_echoing_it():
     from node_process import NodeProcess
@@ -135,6 +136,7 @@ def test_key_given_as_a_parameter_stops_the_node_without_echoing_it():
     assert SECRET not in proc.output
 
 
+@pytest.mark.slow  # starts processes or waits on real time: the real tier
 @pytest.mark.ros
 def test_key_goes_only_into_the_authorization_header():
     rclpy = pytest.importorskip("rclpy")

@@ -96,6 +96,7 @@ def test_corrupt_jpeg_gives_bad_image_and_node_keeps_serving(stream):
     assert client.ask("q", max_tokens=4).ok
 
 
+@pytest.mark.slow  # starts processes or waits on real time: the real tier
 def test_periodic_runs_publish_at_the_period_and_skip_while_busy(stream):
     node, client = stream({"periodic.enabled": True, "periodic.period_s": PERIOD_S,
                            "periodic.prompt": PERIODIC_PROMPT, "periodic.max_tokens": 4})
@@ -171,6 +172,7 @@ def test_diagnostics_count_a_known_sequence_of_goals(stream):
     assert "engine" not in status.message, status.message  # camera may be quiet by now
 
 
+@pytest.mark.slow  # starts processes or waits on real time: the real tier
 def test_diagnostics_warn_then_error_when_the_camera_goes_silent(stream):
     # Short thresholds (defaults 2 s and 10 s): one frame, then silence past both. The WARN
     # window is 3.5 s wide: with 1.5 s, a starved run's first status after the frame was

@@ -120,6 +120,8 @@ def callback_cost(model: str, runs: int = 2000) -> dict[str, Any]:
         node = ReasonNode(context=context, cli_args=["--ros-args", "-r",
                                                       "image:=/bench/ingest_unused"],
                           parameter_overrides=[Parameter("engine.model", value=model)])
+        node.trigger_configure()  # the cameras, without starting the engine
+        node.cameras.subscribe()
         # The callback the raw camera subscription runs (on the node's ingest node), found by
         # its topic, so this measures whatever the node does with a frame.
         callback = next(s.callback for s in node._ingest_node.subscriptions

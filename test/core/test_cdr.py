@@ -2,8 +2,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from cosmos_reason_ros.core.cdr import parse_image
 from cosmos_reason_ros.core.types import BadImageError
-from cosmos_reason_ros.ros.cdr import parse_image
 
 serialization = pytest.importorskip("rclpy.serialization", reason="needs the ROS 2 wheels")
 from sensor_msgs.msg import Image  # noqa: E402

@@ -9,7 +9,7 @@ Usage::
 
     ros2 run cosmos_reason_ros tiny_model --arch qwen3_vl --out DIR   # build into DIR
     ros2 run cosmos_reason_ros tiny_model --arch qwen3_vl --cache     # build once, print path
-    python -m cosmos_reason_ros.tools.tiny_model --cache              # the same from a checkout
+    python -m cosmos_reason_ros.eval.tiny_model --cache              # the same from a checkout
 
 ``ensure_tiny_model(arch)`` returns a cached directory keyed by this file's content, so tests
 and the demo build each architecture once per machine.

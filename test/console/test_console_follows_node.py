@@ -1,0 +1,63 @@
+"""The console finds the camera the node takes, when the node's ``image`` is remapped.
+
+Fast tier, like ``test_console_api.py``. What only this proves: a console started with no
+camera topic (``console`` beside a node launched with ``image:=/front/image_raw``) shows that
+camera, taking its topic from the node's ``/diagnostics`` (``image_topic``, remaps applied),
+instead of waiting on ``/image`` forever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+rclpy = pytest.importorskip("rclpy", reason="needs the ROS 2 wheels (make setup)")
+from aiohttp.test_utils import TestClient, TestServer  # noqa: E402
+from console_client import next_json, next_picture  # noqa: E402
+from fake_engine import answers_the_task  # noqa: E402
+from inprocess_node import InProcessNode  # noqa: E402
+
+from cosmos_reason_ros.console import server  # noqa: E402
+from cosmos_reason_ros.console.ros_bridge import ConsoleBridge  # noqa: E402
+
+pytestmark = [pytest.mark.ros]
+
+REMAPPED = "/front/image_raw"
+
+
+def test_a_console_without_a_topic_shows_the_nodes_remapped_camera() -> None:
+    node = InProcessNode({"image.max_age_s": 0.0, "diagnostics.period_s": 0.2},
+                         script=answers_the_task, image_topic=REMAPPED)
+    stop = threading.Event()
+    stamps: list[int] = []
+
+    def publish() -> None:  # the remapped camera at 20 Hz
+        while not stop.is_set():
+            stamps.append(node.publish())
+            stop.wait(0.05)
+
+    async def test() -> None:
+        console = server.Console(lambda events: ConsoleBridge("/cosmos_reason", events),
+                                 fps=20.0)
+        client = TestClient(TestServer(server.build_app(console)))
+        await client.start_server()
+        try:
+            ws = await client.ws_connect("/ws")
+            assert (await next_json(ws, "hello"))["cameras"] == ["default"]
+            header, _ = await next_picture(ws)  # only the remapped topic carries pictures
+            assert header["camera"] == "default" and int(header["stamp"]) in stamps
+            assert console.bridge.topics[0].stream_topic == REMAPPED
+            await ws.close()
+        finally:
+            await client.close()
+
+    thread = threading.Thread(target=publish, daemon=True)
+    thread.start()
+    try:
+        asyncio.run(test())
+    finally:
+        stop.set()
+        thread.join(5.0)
+        node.close()
