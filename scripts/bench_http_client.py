@@ -1,11 +1,11 @@
-"""Side by side: HTTP clients for the openai engine (issue 22: the openai SDK or our aiohttp).
+"""Side by side: HTTP clients for the openai engine (the openai SDK or our aiohttp).
 
     python scripts/bench_http_client.py [--server http://127.0.0.1:8000/v1] [--old-rev 5670373]
 
 1. Bare clients against a local server: reading 256 one-token deltas, and one 1-token
    request carrying a 320x240 JPEG (the per-request cost): the SDK's typed
    ``chat.completions.create``, its untyped ``post``, httpx2 (the SDK's transport) and aiohttp.
-2. This engine and the engine before issue 22 (``--old-rev``, loaded from git) reading the
+2. This engine and an older one (``--old-rev``, loaded from git) reading the
    same 256 deltas, alternating, and with ``--server`` (a ``vllm serve`` of the tiny model,
    served as "tiny"): TTFT and total time of a 320x240 image question, 24 and 128 tokens.
 """

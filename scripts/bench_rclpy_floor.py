@@ -2,9 +2,9 @@
 
     source env-kilted.sh && python scripts/bench_rclpy_floor.py [--goals 150] [--rounds 3]
 
-Issue #25 asks for the action transport (client end-to-end minus the node's own time) at
-<= 2 ms p50 on CPU. This measures what rclpy itself costs on the machine, with none of the
-package's code: a server process whose action's execute callback returns at once (one
+The performance targets ask for the action transport (client end-to-end minus the node's
+own time) at <= 2 ms p50 on CPU. This measures what rclpy itself costs on the machine, with
+none of the package's code: a server process whose action's execute callback returns at once (one
 feedback, then the result), and a client process with rclpy's ``ActionClient`` on a
 single-threaded executor, one goal at a time. ``CLOCK_MONOTONIC`` is system-wide, so the
 server's and the client's timestamps give each hop. Server variants, interleaved round by

@@ -71,7 +71,7 @@ def test_preset_loads_and_validates(path: Path) -> None:
 @pytest.mark.parametrize("path", PRESETS, ids=lambda p: p.stem)
 def test_preset_applies_under_any_namespace_and_node_name(path: Path) -> None:
     # '/**' is the one key every rclpy applies to any node (Humble's: '/**' or the exact
-    # name). A 'cosmos_reason:' key was dropped for a node in a namespace (issue 17).
+    # name). A 'cosmos_reason:' key was dropped for a node in a namespace.
     doc = yaml.safe_load(path.read_text(encoding="utf-8"))
     assert list(doc) == [PRESET_KEY]
     plain = load_yaml_params(str(path))

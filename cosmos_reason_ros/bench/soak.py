@@ -270,10 +270,11 @@ def windows(samples: list[dict[str, Any]], args: argparse.Namespace
             ) -> dict[str, tuple[float, float]]:
     """Return the warm-up, baseline and final windows (seconds since the start).
 
-    By default (as issue 24 defines growth) the first 10 % of the run is warm-up, the baseline
-    is the next 10 % and the final window the last 10 %: growth = median(last 10 %) -
-    median(10-20 %). ``--warmup-s`` / ``--window-s`` override the two lengths; warm-up lasts at
-    least until the node's frame history is full (``node_frames_stored`` at its maximum).
+    By default (growth as the reliability targets define it) the first 10 % of the run is
+    warm-up, the baseline is the next 10 % and the final window the last 10 %: growth =
+    median(last 10 %) - median(10-20 %). ``--warmup-s`` / ``--window-s`` override the two
+    lengths; warm-up lasts at least until the node's frame history is full
+    (``node_frames_stored`` at its maximum).
     """
     end = samples[-1]["t"] if samples else 0.0
     window = args.window_s if args.window_s else 0.1 * end
@@ -425,7 +426,7 @@ def run(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     # Subscribe before the node starts: every periodic result the node counts must reach us,
     # and one published before our reader matched the node's writer is never delivered (a
-    # volatile topic). Issue 24's "lost" periodic result was such a run: the node's first
+    # volatile topic). A soak's "lost" periodic result was such a run: the node's first
     # runs (no frame yet) went out while the soak was still creating its subscription.
     rclpy.init()
     node = rclpy.create_node("soak")

@@ -653,7 +653,7 @@ def render_report(data: Mapping[str, Any]) -> str:
                      "each at a random phase of the camera. Node TTFT: as the node measures it, "
                      "from the goal's start (the action transport left out). baseline: the "
                      "`baseline` mode's node fed by the same camera, asked about its latest "
-                     "frame in the same rotation (issue #25's P2).")
+                     "frame in the same rotation (the node against what users do today).")
         diag = extra.get("prefill_diagnostics")
         if diag:
             lines.append("")

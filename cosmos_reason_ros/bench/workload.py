@@ -20,7 +20,7 @@ ALL_MODES = ("engine", "node", "baseline", "concurrency", "second", "cameras", "
 # 2N nodes of its own (minutes on CPU), so it runs only when asked (--modes fleet).
 DEFAULT_MODES = tuple(m for m in ALL_MODES if m != "fleet")
 LENGTHS = {"short": 8, "128": 128, "512": 512}
-PREFILL_BATCH = 8  # concurrent goals for the prefill mode's throughput check (issue #10)
+PREFILL_BATCH = 8  # concurrent goals for the prefill mode's throughput check
 # The prefill mode's settings: (prefill.enabled, prefill.ready_frame_within_s).
 PREFILL_SETTINGS = {"off": (False, 0.0), "on": (True, 0.0), "on+ready": (True, 0.3)}
 PROMPT = "Describe what you see in the image."

@@ -593,7 +593,7 @@ def _detect_family(name: str, model_dir: str | None) -> ModelProfile:
     if config_path is None or not os.path.exists(config_path):
         hint = _name_hint(name)
         if hint is None and model_dir is None and looks_like_local_path(name):
-            # A mistyped checkpoint path: say so, not "set the family" (issue 17).
+            # A mistyped checkpoint path: say so, not "set the family".
             path = os.path.abspath(os.path.expanduser(name))
             raise BadRequestError(
                 f"model {name!r}: no such directory {path} (looked for "

@@ -491,7 +491,7 @@ class GoalPipeline(Generic[P]):
         self._check_age(frames[-1], goal.max_age_s, "the clip's newest frame")
         # The history keeps what the camera subscription received: a camera slower than
         # clip_fps, or frames dropped on the way (best-effort raw 640x480 frames, larger than
-        # Fast DDS's default 512 KB shared-memory segment, lost 2 of 3 at 10 Hz in issue 24),
+        # Fast DDS's default 512 KB shared-memory segment, lost 2 of 3 at 10 Hz in a soak),
         # gives a thinner clip than asked.
         wanted = max(1, round(goal.clip_duration_s * goal.clip_fps))
         allowed = min(wanted, s.max_clip_frames)

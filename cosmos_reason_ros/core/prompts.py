@@ -517,7 +517,7 @@ def sampling_for(
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int):
         raise BadRequestError(f"max_tokens={max_tokens!r} must be an integer")
     if max_tokens < 0:
-        # A negative limit used to fall back to the preset silently (issue 17); refuse it.
+        # A negative limit used to fall back to the preset silently; refuse it.
         raise BadRequestError(
             f"max_tokens={max_tokens} is negative; allowed 1..{max_tokens_cap}, or 0 for the "
             f"model preset"

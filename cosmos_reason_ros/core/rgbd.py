@@ -240,8 +240,8 @@ def check_registration(
     must be the colour image's or the declared ``registered_frame_id``. If ``camera`` (the
     colour CameraInfo) is given, its size (when set) and frame_id must match the colour image
     too. Anything else raises BadImageError with a specific message: unregistered depth gives
-    plausible-looking but wrong 3D positions (issue #19: depth assumed registered without
-    checking), so it is refused rather than used.
+    plausible-looking but wrong 3D positions (depth assumed registered without checking),
+    so it is refused rather than used.
     """
     cw, ch = _size(colour_size, "colour image size")
     dw, dh = _size(depth_size, "depth image size")

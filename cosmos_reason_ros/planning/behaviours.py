@@ -63,13 +63,10 @@ from geometry_msgs.msg import PoseStamped
 from py_trees.common import Access, Status
 
 from cosmos_reason_interfaces.action import Reason
-from cosmos_reason_ros.client import GoalHandle, ReasonClient, ReasonResult
+from cosmos_reason_ros.client import SOURCES, GoalHandle, ReasonClient, ReasonResult
 from cosmos_reason_ros.core.parsing import read_count, read_verdict
 from cosmos_reason_ros.core.types import ParsedAnswer
 
-# Goal sources by name, as the query tool's --source takes them.
-SOURCES = {"latest": Reason.Goal.SOURCE_LATEST, "next": Reason.Goal.SOURCE_NEXT,
-           "clip": Reason.Goal.SOURCE_CLIP}
 DEFAULT_TIMEOUT_S = 30.0
 
 

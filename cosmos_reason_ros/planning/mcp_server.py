@@ -31,11 +31,10 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.mcpserver.utilities.types import Image
 from pydantic import BaseModel, Field
 
-from cosmos_reason_ros.client import ReasonClient, ReasonResult
+from cosmos_reason_ros.client import SOURCES, ReasonClient, ReasonResult
 from cosmos_reason_ros.core.imaging import ImageMessage, encode_jpeg, message_to_rgb
 from cosmos_reason_ros.core.parsing import read_count, read_verdict
 from cosmos_reason_ros.core.types import ParsedAnswer
-from cosmos_reason_ros.planning.behaviours import SOURCES
 
 DEFAULT_TIMEOUT_S = 60.0
 Source = Literal["latest", "next"]

@@ -114,7 +114,7 @@ def test_pictures_are_deterministic_and_differ_per_seed() -> None:
 
 
 @pytest.mark.parametrize(("modes", "started"), [
-    ("node,second", {"node"}),  # issue 25: no vllm serve baseline unless it is asked for
+    ("node,second", {"node"}),  # no vllm serve baseline unless asked for (minutes)
     ("engine,concurrency", {"engine"}),
     ("second", {"engine", "node", "baseline"}),  # no side named: every side it can compare
     ("concurrency", {"engine", "node"}),

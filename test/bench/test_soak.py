@@ -42,7 +42,7 @@ def test_thresholds_fail_on_loss_or_growth(run, failure):
 
 
 def test_growth_is_the_last_tenth_against_the_second_by_default():
-    # Issue 24: growth = median(last 10 %) - median(10-20 %); warm-up reported apart.
+    # Growth = median(last 10 %) - median(10-20 %); warm-up reported apart.
     rss = [400.0] * 10 + [500.0] * 80 + [510.0] * 10  # 100 samples, 0..99 s
     verdict = soak.evaluate(samples(rss), counts(), soak.parse_args([]))
     assert verdict["windows"]["baseline"] == pytest.approx((9.9, 19.8))

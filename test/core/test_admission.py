@@ -59,7 +59,7 @@ def test_acquire_gives_up_on_stop_or_timeout():
 
 
 def test_a_stopped_goal_gets_no_slot_even_when_one_is_free():
-    # Cancelled or shut down while it waited (issue 17): handing it the slot would start a
+    # Cancelled or shut down while it waited: handing it the slot would start a
     # generation nobody waits for.
     slots = GoalSlots(max_running=1, max_queued=1)
     assert not slots.acquire(10.0, should_stop=lambda: True)

@@ -689,7 +689,7 @@ def test_zero_or_negative_overrides_mean_preset(unset):
 
 @pytest.mark.parametrize("max_tokens", [-1, -5, -(2**31)])
 def test_negative_max_tokens_is_a_bad_request_naming_the_field(max_tokens):
-    # Issue 17: -5 used to fall back to the preset; the action documents 0 and 1..limit only.
+    # -5 used to fall back to the preset; the action documents 0 and 1..limit only.
     with pytest.raises(BadRequestError) as info:
         sampling_for(COSMOS_REASON2, "vqa", False, max_tokens=max_tokens, max_tokens_cap=512)
     assert info.value.code is ErrorCode.BAD_REQUEST

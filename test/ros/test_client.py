@@ -2,7 +2,7 @@
 
 rclpy sends a goal request whether or not the action server is matched, and DDS drops a
 request sent before discovery, so a client used right after it was created lost its goal and
-waited out its whole timeout (issue 18). What these tests prove: fresh clients used at once
+waited out its whole timeout. What these tests prove: fresh clients used at once
 (each a new DDS participant: real discovery) get every goal answered by the real node; a client
 of a missing node fails within its timeout naming the server; the README's Python example runs
 as printed, in a fresh interpreter, against a node named ``/cosmos_reason`` fed by a camera.

@@ -1,4 +1,4 @@
-"""Clips from a camera thinner than clip_fps: the result says the rate it got (issue 24).
+"""Clips from a camera thinner than clip_fps: the result says the rate it got.
 
 A best-effort 640x480 camera at 10 Hz reached the node at 2.5-3.5 fps (Fast DDS defaults,
 RELIABILITY.md), so a 4 fps clip silently held fewer frames than asked. A clip result now

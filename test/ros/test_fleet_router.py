@@ -214,7 +214,7 @@ def own_image(seed: int) -> dict:
     return {"source": Goal.SOURCE_GOAL_IMAGE, "image": rgb_image_msg(scene(320, 240, seed), 1)}
 
 
-@pytest.mark.every_distro  # issue 22: the router path on both distros
+@pytest.mark.every_distro  # the router path depends on the distro's rclpy and DDS
 def test_cameras_stick_to_backends_survive_a_backend_and_fall_back_past_the_router(fleet):
     assert fleet.router is not None
     # Two robots whose default keys (/<node>/default, the node's own name) the router sends to

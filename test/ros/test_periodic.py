@@ -1,6 +1,6 @@
 """Periodic runs in the fast tier: every run counted in /diagnostics is on ``~/results``.
 
-Issue 24: a 20-minute soak counted one periodic run more than it received. The node's
+A 20-minute soak once counted one periodic run more than it received. The node's
 counters must never run ahead of the topic (a run is counted only after its result is
 published), and no run may start while a goal holds the node (the soak's exact final count
 rests on both). Runs are started by calling the timer's own callback, so the test decides

@@ -1,5 +1,5 @@
 """The node's process life: stop signals at any moment, goals in flight at shutdown, and no
-engine process outliving the node (issue 17, items 1-3 and 15).
+engine process outliving the node.
 
 Fast tier first: ``process_life`` with small real processes, the runner's interruptible
 start, and ``ReasonNode.release`` in-process on a scripted engine. Then real node processes.

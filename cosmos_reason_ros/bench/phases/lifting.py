@@ -1,4 +1,4 @@
-"""The lifting phase: 3D lifting's cost per goal (issue 19), no engine or node needed.
+"""The lifting phase: 3D lifting's cost per goal, no engine or node needed.
 
 A synthetic registered 16UC1 depth frame (a wall 3 m away with 10 cards at 0.8-2.5 m, 1 %
 noise, 5 % holes) sits in a depth history; each "goal" is what the node does per goal with
@@ -33,7 +33,7 @@ SIZES = ((640, 480), (1280, 720))
 ITEMS = 10
 WALL_M = 3.0
 STAMP_NS = 1_000_000_000
-TARGET_P50_MS = 1.0  # issue 19: 10 boxes per goal at 640x480 on this CPU
+TARGET_P50_MS = 1.0  # the 3D target: 10 boxes per goal at 640x480 on this CPU
 
 
 def camera(width: int, height: int) -> CameraModel:

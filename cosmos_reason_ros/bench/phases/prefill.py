@@ -1,7 +1,7 @@
 """The prefill phase: goals on the latest frame of a 5 Hz camera, prefill on vs off.
 
 With the baseline running, the same camera also feeds it and its requests about the latest
-frame join the rotation as one more setting: issue #25's P2, the node (prefill on+ready)
+frame join the rotation as one more setting: the node (prefill on+ready)
 against what users do today, interleaved in one run.
 """
 
@@ -35,8 +35,8 @@ def run(bench: Bench, results: Results) -> None:
     assert bench.ros is not None
     if not bench.prefill_param:
         results.mode("prefill", status="skipped",
-                     reason="the node has no 'prefill.enabled' parameter (issue #10 not "
-                            "merged yet)")
+                     reason="the node has no 'prefill.enabled' parameter (a node older "
+                            "than speculative prefill)")
         return
     deadline = bench.budget.phase_deadline("prefill")
     size = (1280, 720) if (1280, 720) in bench.sizes else bench.sizes[0]
