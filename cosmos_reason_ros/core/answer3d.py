@@ -4,11 +4,15 @@ For each goal the depth frame nearest to the colour frame's stamp within ``max_s
 used; its registration to the colour image is checked (size, frame_id, CameraInfo); then
 boxes, points and trajectory waypoints are lifted (``core/lifting.py``). Any problem ends in a
 :class:`Answer3D` with a specific :class:`LiftCode` and message: the 2D answer always stands.
+The surface normal at a target (``core/normals.py``, for ``~/target_pose``) is read later from
+the same depth frame (:meth:`DepthLifter.normal_at`).
 """
 
 from __future__ import annotations
 
+import collections
 import enum
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,6 +28,7 @@ from cosmos_reason_ros.core.lifting import (
     lift_points,
     lift_trajectory,
 )
+from cosmos_reason_ros.core.normals import SurfaceNormal, surface_normal
 from cosmos_reason_ros.core.rgbd import CameraModel, check_registration, depth_image
 from cosmos_reason_ros.core.types import CosmosReasonError, ReasonOutcome
 
@@ -78,6 +83,11 @@ class DepthLifter(Generic[P]):
         self.history = history
         self.read_frame = read_frame
         self.camera_model = camera_model
+        # The depth frames of the latest lifts, for normal_at after the lift: a long
+        # generation can outlast the history (the frame is picked before it), and the target
+        # pose is estimated once the answer is published.
+        self._lifted: collections.deque[StoredFrame[P]] = collections.deque(maxlen=4)
+        self._lifted_lock = threading.Lock()
 
     def pick(self, colour_stamp_ns: int) -> StoredFrame[P] | None:
         """Return the depth frame nearest the colour stamp within ``max_skew_s`` (or None).
@@ -142,6 +152,8 @@ class DepthLifter(Generic[P]):
                                  depth.data, depth.is_bigendian, s.scale)
         except CosmosReasonError as e:
             return Answer3D(LiftCode.BAD_DEPTH, e.message, colour_frame_id, frame.stamp_ns)
+        with self._lifted_lock:
+            self._lifted.append(frame)
         settings = s.lift
         liftable = [b for b in outcome.boxes if not b.degenerate]
         lifted = iter(lift_boxes(stored, camera, liftable, scale, settings))
@@ -151,3 +163,29 @@ class DepthLifter(Generic[P]):
                              for t in outcome.trajectories)
         return Answer3D(LiftCode.OK, "", colour_frame_id, frame.stamp_ns, boxes, points,
                         trajectories)
+
+    def normal_at(self, depth_stamp_ns: int, colour_width: int, u: float,
+                  v: float) -> SurfaceNormal:
+        """Return the surface normal at colour pixel ``(u, v)`` in the depth frame a lift used.
+
+        The frame is the one stamped ``depth_stamp_ns`` (``Answer3D.depth_stamp_ns``), one of
+        the latest lifts' (else from the history), read again: the lift has checked its
+        registration already. Never raises.
+        """
+        camera = self.camera_model()
+        with self._lifted_lock:
+            lifted = [f for f in self._lifted if f.stamp_ns == depth_stamp_ns]
+        frame = next(iter(lifted or self.history.frames_since(depth_stamp_ns, depth_stamp_ns)),
+                     None)
+        if frame is None or camera is None:
+            return SurfaceNormal(False, reason="the depth frame the answer was lifted with is "
+                                 "no longer in the depth history (depth.history_frames)")
+        try:
+            depth = self.read_frame(frame.payload)
+            stored = depth_image(depth.encoding, depth.width, depth.height, depth.step,
+                                 depth.data, depth.is_bigendian, self.settings.scale)
+        except CosmosReasonError as e:
+            return SurfaceNormal(False, reason=e.message)
+        # Registered at an integer down-scale (check_registration at the lift).
+        scale = max(1, round(colour_width / depth.width)) if depth.width else 1
+        return surface_normal(stored, camera, u, v, scale, self.settings.lift)

@@ -23,8 +23,8 @@ Estimation, and why:
   there), refined to the median of the pixels within ``surface_tol_rel`` of it. Small nearer
   clutter (an occluding edge, flying pixels) holds less than the fraction and is passed over.
 - **Box centre and size from that surface's pixels back-projected through K**, using the
-  ``percentile``..``100 - percentile`` range per axis, not min/max (issue #19 cites yolo_ros
-  3D boxes "unreasonably small" from a naive min/max, mgonzs13/yolo_ros#117): stray pixels
+  ``percentile``..``100 - percentile`` range per axis, not min/max (yolo_ros users
+  found 3D boxes "unreasonably small" from a naive min/max, mgonzs13/yolo_ros#117): stray pixels
   stretch a min/max box, and a plain percentile range shrinks it by the trimmed share. So the
   range is divided by the share of samples it covers, which gives a uniformly covered surface
   (a fronto-parallel rectangle) its true size.

@@ -29,7 +29,10 @@ time while it runs: only messages recorded by then are used, so a depth frame re
 than its colour frame's query (late depth) is not (the node lifts after generating and may
 also use depth that arrived meanwhile; offline results do not depend on the engine's speed).
 Through the node, start the node with depth on and its ``depth/image`` and ``camera_info``
-remapped to the bag's topics (``tools/demo.py`` does).
+remapped to the bag's topics (``tools/demo.py`` does); before the first goal the replay waits,
+at most ``--depth-inputs-timeout`` each, for the node to subscribe to them and to acknowledge
+what was published, and reports per topic in ``summary.json`` (``depth_inputs``) and the
+printed summary, so a first goal without CameraInfo is explained, not a random NO_DEPTH.
 
 Several cameras (``--camera NAME=TOPIC``, repeatable, or the scenario's ``cameras``; the
 first is the default camera) map the bag's image topics to camera names, and queries name
@@ -112,6 +115,9 @@ class ReplayConfig:
     results_storage: str = ""  # default: the input bag's storage
     goal_timeout_s: float = 300.0  # replay-side bound on waiting for one result
     connect_timeout_s: float = 30.0
+    # Node mode, depth on: longest wait for the node to subscribe to the bag's depth and
+    # CameraInfo topics, and again for it to acknowledge them before the first goal.
+    depth_inputs_timeout_s: float = 10.0
     settle_s: float = 0.2  # --rate max: let the last frame arrive before a goal
     progress: bool = True
     report_frames: int = 200  # annotated frames written at most
@@ -132,6 +138,8 @@ class ReplayRun:
     jsonl: Path
     results_bag: Path
     report: Path | None
+    # Node mode: what became of the bag's depth and CameraInfo topics before the first goal.
+    depth_inputs: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def exit_code(self) -> int:
@@ -252,8 +260,11 @@ class _Pending:
 
 def run_through_node(cfg: ReplayConfig, scenario: Scenario, schedule: tuple[ScheduledQuery, ...],
                      info: bagio.BagInfo, image_topic: str, recorder: Recorder,
-                     tick: Callable[[], None]) -> None:
-    """Publish the bag (and /clock) to a running node and send the scheduled goals."""
+                     tick: Callable[[], None]) -> list[dict[str, Any]]:
+    """Publish the bag (and /clock) to a running node and send the scheduled goals.
+
+    Returns what became of the bag's depth and CameraInfo topics (:class:`_DepthInputs`).
+    """
     import rclpy
     from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
     from rosgraph_msgs.msg import Clock
@@ -292,13 +303,135 @@ def run_through_node(cfg: ReplayConfig, scenario: Scenario, schedule: tuple[Sche
                     raise ReplayError(_no_subscriber(camera.topic_name, topic, name,
                                                      info.topics[topic]))
                 time.sleep(0.05)  # DDS discovery; bounded above
+        inputs = _DepthInputs(cfg, info, publishers)
+        if inputs.inputs:
+            inputs.wait_subscribed(_node_depth_enabled(node, context, cfg))
         _NodePlayer(cfg, schedule, info, image_topic, recorder, tick, client, publishers,
-                    clock_pub, Clock).play()
+                    clock_pub, Clock, inputs).play()
+        return inputs.report()
     finally:
         if client is not None:
             client.close()
         node.destroy_node()
         rclpy.try_shutdown(context=context)
+
+
+def _node_depth_enabled(node: Any, context: Any, cfg: ReplayConfig) -> bool | None:
+    """Return the node's ``depth.enabled`` (None when its parameter service does not answer)."""
+    import rclpy
+    from rcl_interfaces.msg import ParameterType
+    from rcl_interfaces.srv import GetParameters
+    from rclpy.executors import SingleThreadedExecutor
+
+    client = node.create_client(GetParameters, f"/{cfg.node_name}/get_parameters")
+    executor = SingleThreadedExecutor(context=context)
+    try:
+        if not client.wait_for_service(timeout_sec=cfg.depth_inputs_timeout_s):
+            return None
+        future = client.call_async(GetParameters.Request(names=["depth.enabled"]))
+        rclpy.spin_until_future_complete(node, future, executor=executor,
+                                         timeout_sec=cfg.depth_inputs_timeout_s)
+        values = future.result().values if future.done() and future.result() else []
+        if not values or values[0].type != ParameterType.PARAMETER_BOOL:
+            return None
+        return bool(values[0].bool_value)
+    finally:
+        executor.shutdown()
+        node.destroy_client(client)
+
+
+class _DepthInputs:
+    """The bag's depth and CameraInfo topics on their way to a node with depth on.
+
+    A node subscribes to them as it discovers their publishers (it follows their
+    reliability), and a goal lifts with the latest CameraInfo the node has. So the replay
+    first waits for the node to subscribe (a sample published before that is lost), then,
+    before the first goal, for the node to acknowledge the samples published so far; each
+    wait is bounded by ``depth_inputs_timeout_s``, and what happened is reported per topic
+    (``summary.json``, the printed summary), so a first goal without CameraInfo is explained
+    instead of a random ``LIFT_NO_DEPTH``.
+    """
+
+    def __init__(self, cfg: ReplayConfig, info: bagio.BagInfo,
+                 publishers: dict[str, Any]) -> None:
+        """Find the bag's CameraInfo and depth (16UC1/32FC1) Image topics being replayed."""
+        from cosmos_reason_ros.core.rgbd import DEPTH_ENCODINGS
+
+        self.timeout_s = cfg.depth_inputs_timeout_s
+        self.inputs: dict[str, dict[str, Any]] = {}
+        for topic, msgtype in sorted(info.topics.items()):
+            if topic not in publishers:
+                continue
+            if msgtype == bagio.CAMERA_INFO_TYPE:
+                kind = "camera_info"
+            elif msgtype == bagio.IMAGE_TYPE and \
+                    bagio.image_encoding(info.path, topic).upper() in DEPTH_ENCODINGS:
+                kind = "depth"
+            else:
+                continue
+            self.inputs[topic] = {"topic": topic, "kind": kind,
+                                  "published_as": publishers[topic].topic_name,
+                                  "subscribed": False, "published": 0, "acknowledged": False,
+                                  "status": "not checked"}
+        self.publishers = {t: publishers[t] for t in self.inputs}
+        self._first_goal_done = False
+
+    def wait_subscribed(self, depth_enabled: bool | None) -> None:
+        """Wait (bounded) until the node subscribes to each topic; skipped with depth off."""
+        if depth_enabled is False:
+            for item in self.inputs.values():
+                item["status"] = "the node has depth.enabled false: not waited for"
+            return
+        deadline = time.monotonic() + self.timeout_s
+        waiting = set(self.inputs)
+        while waiting:
+            waiting = {t for t in waiting if self.publishers[t].get_subscription_count() == 0}
+            if not waiting or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)  # DDS discovery; bounded above
+        for topic, item in self.inputs.items():
+            item["subscribed"] = topic not in waiting
+            item["status"] = "subscribed by the node"
+            if topic in waiting:
+                own = "camera_info" if item["kind"] == "camera_info" else "depth/image"
+                item["status"] = (f"nobody subscribed to {item['published_as']} within "
+                                  f"{self.timeout_s:g} s: remap the node's {own} to it "
+                                  "(goals may lift nothing: LIFT_NO_DEPTH)")
+                _LOG.warning("%s", item["status"])
+        self._first_goal_done = depth_enabled is False
+
+    def published(self, topic: str) -> None:
+        """Count a message published on ``topic`` (any topic may be passed)."""
+        item = self.inputs.get(topic)
+        if item is not None:
+            item["published"] += 1
+
+    def before_first_goal(self) -> None:
+        """Wait (bounded) for the node to acknowledge what each subscribed topic published."""
+        if self._first_goal_done:
+            return
+        self._first_goal_done = True
+        from rclpy.duration import Duration
+
+        for topic, item in self.inputs.items():
+            if not item["subscribed"]:
+                continue
+            if item["published"] == 0:
+                item["status"] = (f"nothing published on {topic} before the first goal (the "
+                                  "bag has none that early)")
+                _LOG.warning("%s", item["status"])
+                continue
+            item["acknowledged"] = bool(self.publishers[topic].wait_for_all_acked(
+                Duration(seconds=self.timeout_s)))
+            item["status"] = "received by the node before the first goal" \
+                if item["acknowledged"] else (f"not acknowledged by the node within "
+                                              f"{self.timeout_s:g} s before the first goal")
+            if not item["acknowledged"]:
+                _LOG.warning("%s: %s", topic, item["status"])
+
+    def report(self) -> list[dict[str, Any]]:
+        """Per topic: kind, whether subscribed, published count, acknowledged, status."""
+        return [dict(item) for item in self.inputs.values()]
 
 
 def _no_subscriber(published: str, topic: str, camera: str, msgtype: str) -> str:
@@ -317,7 +450,8 @@ class _NodePlayer:
     def __init__(self, cfg: ReplayConfig, schedule: tuple[ScheduledQuery, ...],
                  info: bagio.BagInfo, image_topic: str, recorder: Recorder,
                  tick: Callable[[], None], client: Any, publishers: dict[str, Any],
-                 clock_pub: Any, clock_cls: Any) -> None:
+                 clock_pub: Any, clock_cls: Any, inputs: _DepthInputs) -> None:
+        self.inputs = inputs
         self.cfg, self.schedule, self.info, self.image_topic = cfg, schedule, info, image_topic
         self.recorder, self.tick, self.client = recorder, tick, client
         self.publishers, self.clock_pub, self.clock_cls = publishers, clock_pub, clock_cls
@@ -355,6 +489,7 @@ class _NodePlayer:
                 self.collect(block=True)
             self.advance_to(t_ns)
             self.publishers[topic].publish(data)  # the recorded CDR bytes as they are
+            self.inputs.published(topic)
             if topic == self.image_topic:
                 for p in self.pending:
                     p.frames_needed = max(0, p.frames_needed - 1)
@@ -378,6 +513,7 @@ class _NodePlayer:
 
         g = item.query.goal
         self.advance_to(self.info.start_ns + int(round(item.t_s * NS)))
+        self.inputs.before_first_goal()
         if self.cfg.rate is None:
             self.collect(block=True)
             # Reliable camera subscribers have the frames once they acknowledge them (a busy
@@ -529,9 +665,9 @@ class OfflineRunner:
         whose clock is the query's bag time; the latest CameraInfo is kept as the camera
         model; the node's goal pipeline chooses, decodes, asks and lifts.
         """
+        from cosmos_reason_ros.core.cdr import header_stamp_ns, read_stored_frame
         from cosmos_reason_ros.core.frames import FrameHistory
         from cosmos_reason_ros.core.pipeline import GoalPipeline, Settings
-        from cosmos_reason_ros.ros.cdr import header_stamp_ns, read_stored_frame
 
         p = self.params
         now = [info.start_ns]
@@ -814,11 +950,13 @@ def run_replay(cfg: ReplayConfig, engine: Any = None) -> ReplayRun:
     offline = OfflineRunner(cfg, engine) if cfg.mode == "offline" else None
     recorder = Recorder(cfg, scenario, info, truth, truth_3d)
     bar = _progress(len(schedule), cfg.progress)
+    depth_inputs: list[dict[str, Any]] = []
     try:
         if offline is not None:
             offline.run(schedule, info, image_topic, recorder, bar.update)
         else:
-            run_through_node(cfg, scenario, schedule, info, image_topic, recorder, bar.update)
+            depth_inputs = run_through_node(cfg, scenario, schedule, info, image_topic,
+                                            recorder, bar.update)
     finally:
         bar.close()
         if offline is not None:
@@ -827,7 +965,7 @@ def run_replay(cfg: ReplayConfig, engine: Any = None) -> ReplayRun:
     summary = scoring.summarize(records, scenario.fail_on_error)
     (cfg.out / "summary.json").write_text(json.dumps(
         {**summary.to_dict(), "scenario": scenario.name, "bag": str(cfg.bag),
-         "mode": cfg.mode}, indent=1))
+         "mode": cfg.mode, "depth_inputs": depth_inputs}, indent=1))
     frames = write_frames(cfg, info, image_topic, records)
     meta = {"scenario": scenario.name, "bag": f"{cfg.bag} ({info.storage}, "
             f"{info.duration_s:.2f} s)", "image topic": image_topic, "mode": cfg.mode,
@@ -835,7 +973,8 @@ def run_replay(cfg: ReplayConfig, engine: Any = None) -> ReplayRun:
     if cfg.cameras:
         meta["cameras"] = ", ".join(f"{name}={topic}" for name, topic in cfg.cameras.items())
     html = report.write_report(cfg.out, records, frames, meta, summary.to_dict())
-    return ReplayRun(records, summary, recorder.jsonl_path, recorder.bag_path, html)
+    return ReplayRun(records, summary, recorder.jsonl_path, recorder.bag_path, html,
+                     depth_inputs)
 
 
 def replay_cameras(cfg: ReplayConfig, scenario: Scenario, info: bagio.BagInfo
@@ -888,6 +1027,8 @@ def print_summary(run: ReplayRun, out: Any = sys.stdout) -> None:
         if r["status"] != "succeeded" and r.get("delivery"):  # which hop it waited for
             hops = " ".join(f"{k}={v}" for k, v in r["delivery"].items())
             print(f"      client's view: {hops}", file=out)
+    for item in run.depth_inputs:
+        print(f"replay: {item['kind']} {item['topic']}: {item['status']}", file=out)
     s = run.summary
     print(f"replay: {s.queries} queries, {s.succeeded} succeeded, {s.errors} failed; "
           f"{s.scored} expectations checked: {s.passed} passed, {s.failed} failed "
@@ -985,6 +1126,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="seconds to wait for one result")
     ap.add_argument("--connect-timeout", type=float, default=30.0,
                     help="seconds to wait for the node's action server and camera topic")
+    ap.add_argument("--depth-inputs-timeout", type=float, default=10.0,
+                    help="node mode, depth on: seconds to wait for the node to subscribe to "
+                    "the bag's depth and CameraInfo topics, and to receive them before the "
+                    "first goal (reported in summary.json when it runs out)")
     ap.add_argument("--no-progress", action="store_true")
     return ap
 
@@ -998,7 +1143,8 @@ def config_from_args(args: argparse.Namespace) -> ReplayConfig:
         cameras=_camera_map(args.camera),
         depth_topic=args.depth_topic, camera_info_topic=args.camera_info_topic,
         results_storage=args.results_storage, goal_timeout_s=args.goal_timeout,
-        connect_timeout_s=args.connect_timeout, progress=not args.no_progress)
+        connect_timeout_s=args.connect_timeout,
+        depth_inputs_timeout_s=args.depth_inputs_timeout, progress=not args.no_progress)
 
 
 def main(argv: list[str] | None = None) -> int:

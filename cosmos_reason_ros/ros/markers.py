@@ -1,10 +1,12 @@
-"""3D answers for RViz/Foxglove (``~/markers``) and a servoing hook (``~/target_point``).
+"""3D answers for RViz/Foxglove (``~/markers``), servoing and grasp targets (``~/target_*``).
 
 Markers: a cube per lifted box (its pose and size, a label above it), a sphere per lifted
 point, a line strip through each trajectory's lifted waypoints; each result first deletes the
 previous result's markers, so the display shows the latest answer only. The target point is
 the first lifted point of the answer, else the first lifted box's centre, else the first
-lifted waypoint of its trajectories.
+lifted waypoint of its trajectories. The target pose is the first lifted point, else the first
+lifted box's centre, with the approach frame of the surface there (``core/normals.py``: z into
+the surface, x along the image's right).
 
 "Above" is up in the scene: -y in the camera's optical frame (y points down, REP 103), +z in
 ``depth.target_frame`` (a body or world frame: z up, REP 103).
@@ -15,12 +17,12 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from geometry_msgs.msg import PointStamped
+from geometry_msgs.msg import PointStamped, PoseStamped, Quaternion
 from visualization_msgs.msg import Marker, MarkerArray
 
 from cosmos_reason_interfaces.msg import ReasoningResult
 from cosmos_reason_ros.ros.detections import header_3d, is_detection
-from cosmos_reason_ros.ros.target_frame import rotation_matrix
+from cosmos_reason_ros.ros.target_frame import quaternion_product, rotation_matrix
 
 MIN_SIZE_M = 0.01  # a flat object must still show
 _BOX_COLOUR = (0.1, 0.8, 0.2, 0.5)
@@ -114,3 +116,35 @@ def target_point(result: ReasoningResult) -> PointStamped | None:
                 return PointStamped(header=header_3d(result),
                                     point=waypoint.position_3d.position)
     return None
+
+
+def pose_target(result: ReasoningResult) -> tuple[Any, float, float] | None:
+    """Return the target pose's item (its ``position_3d``) and colour pixel, or None.
+
+    The first lifted point, else the first lifted box (its centre pixel): what a ground or
+    point goal asks the robot to reach.
+    """
+    for point in result.points:
+        if point.position_3d.valid:
+            return point.position_3d, float(point.x), float(point.y)
+    for box in result.boxes:
+        if is_detection(box) and box.position_3d.valid:
+            return (box.position_3d, (box.x_min + box.x_max) / 2.0,
+                    (box.y_min + box.y_max) / 2.0)
+    return None
+
+
+def target_pose(result: ReasoningResult, position3d: Any,
+                approach: tuple[float, float, float, float]) -> PoseStamped:
+    """Return the item's position with the ``approach`` frame (in the camera's optical axes).
+
+    The item's orientation is the camera's axes in ``frame_3d`` (identity in the camera's
+    frame, the camera's rotation at the image stamp in ``depth.target_frame``), so the
+    approach turns with it into that frame.
+    """
+    q = position3d.orientation
+    x, y, z, w = quaternion_product((q.x, q.y, q.z, q.w), approach)
+    pose = PoseStamped(header=header_3d(result))
+    pose.pose.position = position3d.position
+    pose.pose.orientation = Quaternion(x=x, y=y, z=z, w=w)
+    return pose

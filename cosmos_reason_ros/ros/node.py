@@ -239,7 +239,7 @@ class ReasonNode(LifecycleNode):
         self.prefill_worker = PrefillWorker(self, busy=lambda: bool(
             self.slots.running or self.slots.queued or self.periodic.busy.is_set()))
         self.outputs = Outputs(self, depth=p.depth.enabled, default_camera=self.camera.name,
-                               cameras=tuple(p.cameras.names))
+                               cameras=tuple(p.cameras.names), lifter=lifter)
         self._owned = [pub for pub in self.publishers if pub not in before]
         self._threads_started = False
         self.open_action_server()

@@ -10,7 +10,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from geometry_msgs.msg import PointStamped
+from geometry_msgs.msg import PointStamped, PoseStamped
 from rclpy.node import Node
 from sensor_msgs.msg import Image
 from std_msgs.msg import Header
@@ -18,6 +18,7 @@ from visualization_msgs.msg import MarkerArray
 
 from cosmos_reason_interfaces.msg import ReasoningResult
 from cosmos_reason_ros.core.annotate import draw_annotations
+from cosmos_reason_ros.core.answer3d import DepthLifter
 from cosmos_reason_ros.core.cameras import DEFAULT_CAMERA
 from cosmos_reason_ros.core.pipeline import Media
 from cosmos_reason_ros.core.types import CosmosReasonError
@@ -29,7 +30,7 @@ from cosmos_reason_ros.ros.detections import (
     to_detection3d_array,
     to_detection_array,
 )
-from cosmos_reason_ros.ros.markers import target_point, to_markers
+from cosmos_reason_ros.ros.markers import pose_target, target_point, target_pose, to_markers
 
 LIFT_OK, LIFT_TF_FAILED = ReasoningResult.LIFT_OK, ReasoningResult.LIFT_TF_FAILED
 
@@ -42,16 +43,18 @@ class Outputs:
     """The node's result publishers."""
 
     def __init__(self, node: Node, depth: bool = False, default_camera: str = DEFAULT_CAMERA,
-                 cameras: tuple[str, ...] = ()) -> None:
+                 cameras: tuple[str, ...] = (), lifter: DepthLifter | None = None) -> None:
         """Create ``~/results``, ``~/annotated_image``, with vision_msgs ``~/detections``.
 
         ``~/annotated_image`` and ``~/detections`` show the ``default_camera``'s image (and
         an image carried in the goal). Each of the named ``cameras`` also gets
         ``~/<camera>/annotated_image`` and ``~/<camera>/detections``. With ``depth`` (3D
-        lifting on, the default camera's) also ``~/markers``, ``~/target_point`` and, with
-        vision_msgs, ``~/detections_3d``.
+        lifting on, the default camera's) also ``~/markers``, ``~/target_point``,
+        ``~/target_pose`` and, with vision_msgs, ``~/detections_3d``. ``lifter`` (the goal
+        pipeline's) reads the surface normal for ``~/target_pose`` from the answer's depth frame.
         """
         self.node = node
+        self._lifter = lifter
         self.default_camera = default_camera
         self.detections_left_out = 0  # degenerate boxes kept out of detections (diagnostics)
         self._lock = threading.Lock()
@@ -71,13 +74,14 @@ class Outputs:
                 self._vision_msgs.Detection2DArray, f"~/{name}/detections", 10)
                 for name in cameras}
         # 3D outputs exist only with depth input (docs/INTERFACES.md, "3D").
-        self.detections_3d = self.markers = self.target_point = None
+        self.detections_3d = self.markers = self.target_point = self.target_pose = None
         if depth:
             if self._vision_msgs is not None:
                 self.detections_3d = node.create_publisher(
                     self._vision_msgs.Detection3DArray, "~/detections_3d", 10)
             self.markers = node.create_publisher(MarkerArray, "~/markers", 10)
             self.target_point = node.create_publisher(PointStamped, "~/target_point", 10)
+            self.target_pose = node.create_publisher(PoseStamped, "~/target_pose", 10)
 
     def _publish_3d(self, msg: ReasoningResult) -> None:
         # Markers for every answer, lifted or not: each MarkerArray starts with DELETEALL, so
@@ -92,6 +96,28 @@ class Outputs:
         target = target_point(msg) if self.target_point is not None else None
         if target is not None:
             self.target_point.publish(target)
+        if self.target_pose is not None:
+            self._publish_pose(msg)
+
+    def _publish_pose(self, msg: ReasoningResult) -> None:
+        """Publish ``~/target_pose`` when the surface at the target gives a normal.
+
+        The normal is read from the depth frame the answer was lifted with, through the
+        pipeline's lifter (it holds the depth history and CameraInfo); a patch too sparse for
+        a plane publishes no pose (a NaN-free topic) and says why.
+        """
+        item = pose_target(msg)
+        lifter = self._lifter
+        if item is None or lifter is None:
+            return
+        position3d, u, v = item
+        stamp_ns = msg.depth_stamp.sec * 1_000_000_000 + msg.depth_stamp.nanosec
+        normal = lifter.normal_at(stamp_ns, msg.image_width, u, v)
+        if not normal.valid:
+            self.node.get_logger().warning(
+                f"~/target_pose not published: {normal.reason}", throttle_duration_sec=10.0)
+            return
+        self.target_pose.publish(target_pose(msg, position3d, normal.orientation))
 
     def publish_result(self, msg: ReasoningResult) -> None:
         """Publish on ``~/results`` (every result, refusals included) while the context lives."""

@@ -17,7 +17,7 @@ import pytest
 rclpy = pytest.importorskip("rclpy", reason="needs the ROS 2 wheels (make setup)")
 from action_msgs.msg import GoalStatus  # noqa: E402
 from fake_engine import Gate, Script  # noqa: E402
-from geometry_msgs.msg import PointStamped, TransformStamped  # noqa: E402
+from geometry_msgs.msg import PointStamped, PoseStamped, TransformStamped  # noqa: E402
 from inprocess_node import InProcessNode  # noqa: E402
 from rclpy.qos import ReliabilityPolicy, qos_profile_sensor_data  # noqa: E402
 from sensor_msgs.msg import CameraInfo, Image  # noqa: E402
@@ -26,7 +26,7 @@ from waiting import wait_until  # noqa: E402
 
 from cosmos_reason_interfaces.msg import ReasoningResult  # noqa: E402
 from cosmos_reason_ros.core.rgbd import CameraModel  # noqa: E402
-from cosmos_reason_ros.ros.target_frame import TargetFrame  # noqa: E402
+from cosmos_reason_ros.ros.target_frame import TargetFrame, rotation_matrix  # noqa: E402
 
 pytestmark = [pytest.mark.ros]
 WAIT_S = 10.0  # generous: a wait that runs out means the event never happened
@@ -39,12 +39,32 @@ DEPTH_3D = {"depth.enabled": True, "depth.max_skew_s": 0.05}
 
 
 def depth_msg(stamp_ns: int, metres: float, width: int = W, height: int = H,
-              frame_id: str = "camera") -> Image:
+              frame_id: str = "camera", tilt_deg: float = 0.0, every: int = 1) -> Image:
+    """16UC1 depth of a plane ``metres`` away at the image centre, turned ``tilt_deg`` about
+    the camera's y; with ``every`` > 1 only every ``every``-th row and column has depth."""
     mm = np.full((height, width), int(round(metres * 1000)), np.uint16)
+    if tilt_deg:
+        through = np.array(MODEL.back_project(32.0, 24.0, metres))
+        rows, cols = np.mgrid[0:height, 0:width]
+        rays = np.stack(((cols - MODEL.cx) / MODEL.fx, (rows - MODEL.cy) / MODEL.fy,
+                         np.ones((height, width))))
+        normal = plane_normal(tilt_deg)
+        mm = np.round(1000 * (normal @ through) / np.tensordot(normal, rays, axes=1))
+        mm = mm.astype(np.uint16)
+    if every > 1:
+        holes = np.ones((height, width), bool)
+        holes[::every, ::every] = False
+        mm[holes] = 0  # no return
     msg = Image(height=height, width=width, encoding="16UC1", step=width * 2, data=mm.tobytes())
     msg.header.stamp.sec, msg.header.stamp.nanosec = divmod(stamp_ns, 1_000_000_000)
     msg.header.frame_id = frame_id
     return msg
+
+
+def plane_normal(tilt_deg: float) -> np.ndarray:
+    """Outward normal (toward the camera) of a facing plane turned ``tilt_deg`` about y."""
+    a = math.radians(tilt_deg)
+    return np.array([-math.sin(a), 0.0, -math.cos(a)])
 
 
 def info_msg(frame_id: str = "camera") -> CameraInfo:
@@ -63,11 +83,14 @@ class Rig:
         self.info = node.create_publisher(CameraInfo, "/camera_info", qos)
         self.markers: list[MarkerArray] = []
         self.targets: list[PointStamped] = []
+        self.poses: list[PoseStamped] = []
         self.cond = threading.Condition()
         node.create_subscription(MarkerArray, "/cosmos_reason/markers", self._on(self.markers),
                                  10)
         node.create_subscription(PointStamped, "/cosmos_reason/target_point",
                                  self._on(self.targets), 10)
+        node.create_subscription(PoseStamped, "/cosmos_reason/target_pose",
+                                 self._on(self.poses), 10)
         assert n.side.wait_matched(self.depth) and n.side.wait_matched(self.info)
 
     def _on(self, sink: list):
@@ -329,6 +352,48 @@ def test_a_trajectory_targets_its_first_lifted_waypoint(rig):
     assert target.point.z == pytest.approx(1.5, abs=0.005)
 
 
+def angle_deg(a: np.ndarray, b: np.ndarray) -> float:
+    return math.degrees(math.acos(float(np.clip(a @ b, -1.0, 1.0))))
+
+
+def test_a_ground_goal_publishes_a_target_pose_approaching_along_the_surface_normal(rig):
+    r = rig()
+    stamp = r.frame(1.0, tilt_deg=30.0)
+    _, result = r.n.ask(task="ground", targets=["crate"])
+    assert result.lift_code == ReasoningResult.LIFT_OK, result.lift_message
+    p = result.boxes[0].position_3d
+    pose = r.wait(r.poses)
+    assert stamp_of(pose.header.stamp) == stamp and pose.header.frame_id == "camera"
+    assert (pose.pose.position.x, pose.pose.position.y, pose.pose.position.z) == \
+        (p.position.x, p.position.y, p.position.z)
+    q = pose.pose.orientation
+    axes = rotation_matrix((q.x, q.y, q.z, q.w))
+    normal = plane_normal(30.0)
+    # z approaches into the surface; x lies in it, along the image's right.
+    error = angle_deg(axes[:, 2], -normal)
+    print(f"target_pose approach error on a 30 degree plane (16UC1, f=60): {error:.3f} deg")
+    assert error <= 3.0
+    assert abs(axes[:, 0] @ normal) <= math.sin(math.radians(3.0)) and axes[0, 0] > 0.0
+
+
+def test_a_point_on_too_sparse_depth_gets_no_target_pose(rig):
+    answer = '[{"point_2d": [500, 500], "label": "handle"}]'
+    r = rig(answer=answer)
+    r.frame(1.0, every=2)  # a quarter of the pixels: enough for a position, not a plane
+    _, sparse = r.n.ask(task="point", targets=["handle"])
+    assert sparse.points[0].position_3d.valid, sparse.points[0].position_3d.status
+    r.wait(r.targets, 1)
+    stamp = r.frame(1.0)
+    _, dense = r.n.ask(task="point", targets=["handle"])
+    assert dense.points[0].position_3d.valid
+    r.wait(r.targets, 2)
+    pose = r.wait(r.poses)
+    # Published in order on one reliable topic: the only pose is the dense answer's.
+    assert [stamp_of(m.header.stamp) for m in r.poses] == [stamp]
+    assert pose.pose.position.z == dense.points[0].position_3d.position.z
+    assert math.isfinite(pose.pose.orientation.w)
+
+
 class StandInBuffer:
     """A faithful stand-in for tf2_ros.Buffer (no tf2_ros wheel exists here): it records the
     lookup and returns a fixed transform, as ``lookup_transform(target, source, time,
@@ -415,6 +480,13 @@ def test_a_box_in_the_target_frame_keeps_its_orientation_and_its_label_goes_up(r
     half_height = 0.5 * np.abs(rotation[2]) @ size  # the box's extent along base_link z
     assert (label.pose.position.x, label.pose.position.y) == (p.position.x, p.position.y)
     assert label.pose.position.z == pytest.approx(p.position.z + half_height + 0.03, abs=1e-9)
+    # The target pose moves as a pose too: a face square to the camera is approached along
+    # the camera's own axes, turned into base_link.
+    pose = r.wait(r.poses)
+    assert pose.header.frame_id == "base_link"
+    assert (pose.pose.position.x, pose.pose.position.y, pose.pose.position.z) == \
+        (p.position.x, p.position.y, p.position.z)
+    assert same_rotation(pose.pose.orientation, quaternion)
 
 
 def test_the_depth_frame_is_kept_through_a_long_generation(rig):
