@@ -18,6 +18,15 @@ import numpy as np
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
+def readme_python_example() -> str:
+    """The README's Python example (its first block after the client's heading), as printed."""
+    readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme.index("From Python (planners, behaviour trees)")
+    match = re.compile(r"```python\n(.*?)```", re.S).search(readme, section)
+    assert match, "README.md: no python block after 'From Python (planners, behaviour trees)'"
+    return match.group(1)
+
+
 def text_schema(chars: int) -> str:
     """A response schema of one string of exactly ``chars`` characters.
 

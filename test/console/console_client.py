@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import struct
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 from aiohttp import WSMsgType
+from aiohttp.test_utils import TestClient, TestServer
 
 WAIT_S = 20.0
 
@@ -36,3 +39,23 @@ async def next_picture(ws: Any, timeout_s: float = WAIT_S) -> tuple[dict[str, An
         if message.type is WSMsgType.BINARY:
             (length,) = struct.unpack(">I", message.data[:4])
             return json.loads(message.data[4:4 + length]), message.data[4 + length:]
+
+
+@contextlib.asynccontextmanager
+async def console_session(token: str | None = None, fps: float = 10.0
+                          ) -> AsyncIterator[tuple[Any, TestClient]]:
+    """A console for the node ``/cosmos_reason`` (real ROS side) under aiohttp's test server.
+
+    Yields the ``Console`` and a test client of its HTTP and WebSocket routes.
+    """
+    from cosmos_reason_ros.console import server
+    from cosmos_reason_ros.console.ros_bridge import ConsoleBridge
+
+    console = server.Console(lambda events: ConsoleBridge("/cosmos_reason", events),
+                             fps=fps, token=token)
+    client = TestClient(TestServer(server.build_app(console)))
+    await client.start_server()
+    try:
+        yield console, client
+    finally:
+        await client.close()

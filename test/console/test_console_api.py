@@ -26,15 +26,14 @@ import pytest
 
 rclpy = pytest.importorskip("rclpy", reason="needs the ROS 2 wheels (make setup)")
 from aiohttp import WSMsgType  # noqa: E402
-from aiohttp.test_utils import TestClient, TestServer  # noqa: E402
-from console_client import WAIT_S, next_json, next_picture  # noqa: E402
+from aiohttp.test_utils import TestClient  # noqa: E402
+from console_client import WAIT_S, console_session, next_json, next_picture  # noqa: E402
 from console_process import ConsoleProcess  # noqa: E402
 from fake_engine import Script, answers_the_task, request_text  # noqa: E402
 from inprocess_node import InProcessNode, image_msg  # noqa: E402
 from waiting import async_wait_until  # noqa: E402
 
 from cosmos_reason_ros.console import server  # noqa: E402
-from cosmos_reason_ros.console.ros_bridge import ConsoleBridge  # noqa: E402
 from cosmos_reason_ros.core import prompts  # noqa: E402
 from cosmos_reason_ros.core.imaging import compressed_to_rgb  # noqa: E402
 from cosmos_reason_ros.core.types import BadRequestError, Task  # noqa: E402
@@ -92,14 +91,8 @@ class Camera:
 async def with_console(test: Callable[[server.Console, TestClient], Awaitable[None]],
                        token: str | None = None, fps: float = 10.0) -> None:
     """Run ``test`` against a console (real ROS side) under aiohttp's test server."""
-    console = server.Console(lambda events: ConsoleBridge("/cosmos_reason", events),
-                             fps=fps, token=token)
-    client = TestClient(TestServer(server.build_app(console)))
-    await client.start_server()
-    try:
+    async with console_session(token, fps) as (console, client):
         await test(console, client)
-    finally:
-        await client.close()
 
 
 def run(test: Callable[..., Awaitable[None]], **kwargs: Any) -> None:

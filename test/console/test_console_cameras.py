@@ -15,13 +15,9 @@ import threading
 import pytest
 
 rclpy = pytest.importorskip("rclpy", reason="needs the ROS 2 wheels (make setup)")
-from aiohttp.test_utils import TestClient, TestServer  # noqa: E402
-from console_client import next_json, next_picture  # noqa: E402
+from console_client import console_session, next_json, next_picture  # noqa: E402
 from fake_engine import answers_the_task  # noqa: E402
 from inprocess_node import InProcessNode  # noqa: E402
-
-from cosmos_reason_ros.console import server  # noqa: E402
-from cosmos_reason_ros.console.ros_bridge import ConsoleBridge  # noqa: E402
 
 pytestmark = [pytest.mark.ros]
 
@@ -47,11 +43,7 @@ def test_one_pane_per_named_camera_and_answers_keep_each_frame(node) -> None:
             stop.wait(0.05)
 
     async def test() -> None:
-        console = server.Console(lambda events: ConsoleBridge("/cosmos_reason", events),
-                                 fps=20.0)
-        client = TestClient(TestServer(server.build_app(console)))
-        await client.start_server()
-        try:
+        async with console_session(fps=20.0) as (_, client):
             ws = await client.ws_connect("/ws")
             hello = await next_json(ws, "hello")
             while hello["cameras"] != CAMERAS:  # until the node's parameters are read
@@ -74,8 +66,6 @@ def test_one_pane_per_named_camera_and_answers_keep_each_frame(node) -> None:
                 response = await client.get(f"/frame/{result['goal_id']}/{name}")
                 assert response.status == 200
             await ws.close()
-        finally:
-            await client.close()
 
     thread = threading.Thread(target=publish, daemon=True)
     thread.start()

@@ -14,13 +14,9 @@ import threading
 import pytest
 
 rclpy = pytest.importorskip("rclpy", reason="needs the ROS 2 wheels (make setup)")
-from aiohttp.test_utils import TestClient, TestServer  # noqa: E402
-from console_client import next_json, next_picture  # noqa: E402
+from console_client import console_session, next_json, next_picture  # noqa: E402
 from fake_engine import answers_the_task  # noqa: E402
 from inprocess_node import InProcessNode  # noqa: E402
-
-from cosmos_reason_ros.console import server  # noqa: E402
-from cosmos_reason_ros.console.ros_bridge import ConsoleBridge  # noqa: E402
 
 pytestmark = [pytest.mark.ros]
 
@@ -39,19 +35,13 @@ def test_a_console_without_a_topic_shows_the_nodes_remapped_camera() -> None:
             stop.wait(0.05)
 
     async def test() -> None:
-        console = server.Console(lambda events: ConsoleBridge("/cosmos_reason", events),
-                                 fps=20.0)
-        client = TestClient(TestServer(server.build_app(console)))
-        await client.start_server()
-        try:
+        async with console_session(fps=20.0) as (console, client):
             ws = await client.ws_connect("/ws")
             assert (await next_json(ws, "hello"))["cameras"] == ["default"]
             header, _ = await next_picture(ws)  # only the remapped topic carries pictures
             assert header["camera"] == "default" and int(header["stamp"]) in stamps
             assert console.bridge.topics[0].stream_topic == REMAPPED
             await ws.close()
-        finally:
-            await client.close()
 
     thread = threading.Thread(target=publish, daemon=True)
     thread.start()

@@ -31,7 +31,12 @@ import pytest
 rclpy = pytest.importorskip("rclpy", reason="needs the ROS 2 wheels (make setup)")
 from fake_engine import Script, answers_the_task  # noqa: E402
 from inprocess_node import InProcessNode, ServedNode  # noqa: E402
-from node_process import REPO_ROOT, rgb_image_msg, scene  # noqa: E402
+from node_process import (  # noqa: E402
+    REPO_ROOT,
+    readme_python_example,
+    rgb_image_msg,
+    scene,
+)
 
 from cosmos_reason_interfaces.action import Reason  # noqa: E402
 from cosmos_reason_ros.client import (  # noqa: E402
@@ -224,15 +229,6 @@ def test_a_goal_without_a_feedback_callback_asks_the_node_for_none(node, monkeyp
     assert levels == [Goal.FEEDBACK_NONE, Goal.FEEDBACK_ALL]
     assert goal.feedback == Goal.FEEDBACK_ALL  # the caller's goal is left as it was
     assert "queued" in [fb.stage for fb in seen]
-
-
-def readme_python_example() -> str:
-    """The README's Python example, exactly as printed."""
-    readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
-    section = readme.index("From Python (planners, behaviour trees)")
-    match = re.compile(r"```python\n(.*?)```", re.S).search(readme, section)
-    assert match, "README.md: no python block after 'From Python (planners, behaviour trees)'"
-    return match.group(1)
 
 
 @pytest.mark.slow  # starts processes or waits on real time: the real tier

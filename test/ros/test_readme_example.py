@@ -8,26 +8,16 @@ line and exit 0. (That it runs through with a camera is test_client.py's real-ti
 
 from __future__ import annotations
 
-import re
-
 import pytest
 
 rclpy = pytest.importorskip("rclpy", reason="needs the ROS 2 wheels (make setup)")
 from fake_engine import answers_the_task  # noqa: E402
 from inprocess_node import InProcessNode  # noqa: E402
-from node_process import REPO_ROOT  # noqa: E402
+from node_process import readme_python_example  # noqa: E402
 
 from cosmos_reason_ros.core.types import ErrorCode  # noqa: E402
 
 pytestmark = pytest.mark.ros
-
-
-def readme_python_example() -> str:
-    readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
-    section = readme.index("From Python (planners, behaviour trees)")
-    match = re.compile(r"```python\n(.*?)```", re.S).search(readme, section)
-    assert match, "README.md: no python block after 'From Python (planners, behaviour trees)'"
-    return match.group(1)
 
 
 def test_the_readme_example_stops_with_the_error_when_the_camera_is_missing(capsys):
