@@ -30,6 +30,10 @@ baseline node (``bench/baseline.py``). Then the modes run, interleaved request b
   the node has no such parameter.
 - ``lifting``: 3D lifting per goal (depth pick + 10 boxes) at 640x480 and 1280x720, in this
   process (``bench/phases/lifting.py``).
+- ``planning``: the planners' costs on the node (``bench/phases/planning.py``): the tick of a
+  py_trees behaviour while its goal runs, and an MCP tool call (``reason_mcp`` over stdio, as
+  an agent starts it) against the action goal it wraps, the two in alternating order, rounds
+  paired.
 - ``fleet`` (only when asked: ``--modes fleet``; it starts two more servers (or uses
   ``--fleet-backends``), two routers and 2 x ``--fleet-robots`` nodes of its own, minutes on
   CPU): N robots per policy, each a node
@@ -148,7 +152,7 @@ class Bench:
         compared = {"second", "concurrency", "cameras"} if part != "baseline" else {"second"}
         if m & compared and not m & {"engine", "node", "baseline"}:
             return True
-        return part == "node" and bool(m & {"ingest", "memory", "prefill"})
+        return part == "node" and bool(m & {"ingest", "memory", "prefill", "planning"})
 
     def start(self, results: Results) -> None:
         """Start the node, the server and the in-process engine in parallel."""
@@ -344,7 +348,7 @@ class Bench:
                       or p in self.modes]
             self.budget.plan(phases)
             results.extra("slices_s", self.budget.slices)
-            needs_node = {"ingest", "memory", "prefill"}
+            needs_node = {"ingest", "memory", "prefill", "planning"}
             for phase in phases:
                 if self.budget.left() <= 0:
                     for m in ([phase] if phase != "latency" else ["engine", "node", "baseline"]):
@@ -396,7 +400,8 @@ def build_parser() -> argparse.ArgumentParser:
                     metavar="K=V", help="engine setting for all three engines (repeatable)")
     ap.add_argument("--modes", default="",
                     help=f"comma-separated subset of {','.join(ALL_MODES)} (default: all but "
-                         f"fleet on cpu; all but ingest, memory, lifting and fleet on gpu)")
+                         f"fleet on cpu; all but ingest, memory, lifting, planning and fleet on "
+                         f"gpu)")
     ap.add_argument("--repeats", type=int, default=0,
                     help="measured rounds per mode (0: the device default); trimmed to fit")
     ap.add_argument("--time-budget-s", type=float, default=0.0,
@@ -413,6 +418,12 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--memory-frames", type=int, default=10_000)
     ap.add_argument("--memory-goals", type=int, default=1_000)
     ap.add_argument("--memory-frame-size", type=parse_size, default=(640, 480))
+    ap.add_argument("--planning-rounds", type=int, default=0,
+                    help="planning mode: rounds (a behaviour run, a goal and a tool call each; "
+                         "0: --repeats when given, else 20: a 95 %% interval needs 6)")
+    ap.add_argument("--planning-mcp", choices=("stdio", "inprocess"), default="stdio",
+                    help="planning mode: the MCP server as an agent starts it (stdio: a "
+                         "reason_mcp process) or in this process (the protocol alone)")
     ap.add_argument("--fleet-robots", type=int, default=FLEET_ROBOTS,
                     help="fleet mode: robots (node processes) per routing policy")
     ap.add_argument("--fleet-camera-hz", type=float, default=FLEET_CAMERA_HZ,
@@ -452,7 +463,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     if any(n < 1 or n > 64 for n in args.concurrency):
         ap.error("--concurrency levels must be within 1..64")
     for name in ("repeats", "memory_frames", "memory_goals", "ingest_callback_runs",
-                 "lifting_runs"):
+                 "lifting_runs", "planning_rounds"):
         if getattr(args, name) < 0:
             ap.error(f"--{name.replace('_', '-')} must be >= 0")
     if not 1 <= args.fleet_robots <= 16 or not 0.1 <= args.fleet_camera_hz <= 30:

@@ -692,6 +692,10 @@ def render_report(data: Mapping[str, Any]) -> str:
                            "5 Hz camera", f"{fmt(r, 2)}x (target >= {targets['p2_ratio']:g}x)",
                            _check(r >= targets["p2_ratio"])))
 
+    planning_lines, planning_checks = _planning_section(samples)
+    lines += planning_lines
+    checks += planning_checks
+
     fleet_lines, fleet_checks = _fleet_section(samples, extra.get("fleet") or {})
     lines += fleet_lines
     checks += fleet_checks
@@ -794,6 +798,90 @@ def _cameras_section(samples: Sequence[Sample]) -> list[str]:
                              fmt(r["overhead_p95_ms"]), fmt(r["ttft_overhead_p50_ms"]))
                             for r in cost["node_overhead"]]))
     return lines
+
+
+# The planning mode's target: a running behaviour's tick (median), microseconds.
+PLANNING_TICK_TARGET_US = 100.0
+
+
+def _planning_phase(s: Sample) -> bool:
+    return s.get("phase") == "planning"
+
+
+def planning_cost(samples: Sequence[Sample]) -> dict[str, Any]:
+    """Return the planning mode's figures as JSON-ready values.
+
+    ``behaviour``: per behaviour run (one goal, ticked until it ended) the median running
+    tick; their median over the runs, its 95 % interval, and the runs' median p95, worst
+    tick, thread CPU, and the first (submit) and last (result) ticks. ``mcp_overhead``: per
+    tool, the tool call minus the action goal it wraps, rounds paired (ms).
+    """
+    runs = group(samples, ("mode",), _planning_phase).get(("behaviour",), [])
+
+    def of(key: str) -> list[float]:
+        return [float(s[key]) for s in runs if s.get(key) is not None]
+
+    low, high = median_interval(of("tick_p50_us"))
+    behaviour = {"runs": len(runs), "ticks": sum(int(s.get("ticks") or 0) for s in runs),
+                 "tick_p50_us": median(of("tick_p50_us")), "tick_p50_interval_us": [low, high],
+                 "tick_p95_us": median(of("tick_p95_us")),
+                 "tick_max_us": max(of("tick_max_us"), default=math.nan),
+                 "tick_cpu_p50_us": median(of("tick_cpu_p50_us")),
+                 "submit_tick_p50_us": median(of("submit_tick_us")),
+                 "result_tick_p50_us": median(of("result_tick_us")),
+                 "target_us": PLANNING_TICK_TARGET_US}
+    # Output lengths are fixed by the node (limits.fixed_output_length), and the tool's
+    # result does not carry them: pairs are not matched on output tokens.
+    over = paired_overhead(samples, "mcp", "action", "e2e_s", keys=("tool",),
+                           where=_planning_phase, same=None)
+    tools = []
+    for (tool,), (o, d) in sorted(over.items(), key=lambda kv: str(kv[0][0])):
+        low, high = median_interval(o.deltas_ms)
+        tools.append({"tool": tool, "pairs": d.n, "action_p50_ms": o.reference_ms,
+                      "mcp_p50_ms": o.mode_ms, "overhead_p50_ms": d.median,
+                      "overhead_interval_ms": [low, high], "overhead_p95_ms": d.p95})
+    return {"behaviour": behaviour, "mcp_overhead": tools}
+
+
+def _planning_section(samples: Sequence[Sample]) -> tuple[list[str], list[tuple[str, str, str]]]:
+    """Render the planning mode's tables and the tick target's line (none without samples)."""
+    cost = planning_cost(samples)
+    b = cost["behaviour"]
+    if not b["runs"] and not cost["mcp_overhead"]:
+        return [], []
+    lines = ["", "## Planners: a behaviour's tick, and an MCP tool call over its action goal", ""]
+    checks = []
+    if b["runs"]:
+        low, high = b["tick_p50_interval_us"]
+        lines.append(table(
+            ("behaviour runs", "running ticks", "tick p50 µs", "95 % interval µs",
+             "tick p95 µs", "worst tick µs", "thread CPU p50 µs", "submit tick µs",
+             "result tick µs"),
+            [(b["runs"], b["ticks"], fmt(b["tick_p50_us"]), f"{fmt(low)} to {fmt(high)}",
+              fmt(b["tick_p95_us"]), fmt(b["tick_max_us"]), fmt(b["tick_cpu_p50_us"]),
+              fmt(b["submit_tick_p50_us"]), fmt(b["result_tick_p50_us"]))]))
+        lines += ["", "A py_trees `Ask` ticked every few ms while its goal generates: per run "
+                  "the median of its running ticks (p50 and interval: over the runs; p95: the "
+                  "runs' median p95). Submit: the first tick (sends the goal); result: the "
+                  "last (reads the result, writes the blackboard)."]
+        runs = group(samples, ("mode",), _planning_phase).get(("behaviour",), [])
+        decision = decide([float(s["tick_p50_us"]) for s in runs], b["target_us"])
+        checks.append(("running behaviour's tick (median)",
+                       f"{fmt(b['tick_p50_us'])} µs (target <= {b['target_us']:g} µs)",
+                       # One value per behaviour run, not a pair of runs.
+                       decision.text("µs").replace(" pairs", " runs")))
+    if cost["mcp_overhead"]:
+        lines.append("")
+        lines.append(table(("tool", "pairs", "action goal p50 ms", "tool call p50 ms",
+                            "overhead p50 ms", "95 % interval ms", "overhead p95 ms"),
+                           [(r["tool"], r["pairs"], fmt(r["action_p50_ms"]),
+                             fmt(r["mcp_p50_ms"]), fmt(r["overhead_p50_ms"], 2),
+                             " to ".join(fmt(v, 2) for v in r["overhead_interval_ms"]),
+                             fmt(r["overhead_p95_ms"], 2)) for r in cost["mcp_overhead"]]))
+        lines += ["", "Overhead: the tool call (the SDK's client, end to end) minus the same "
+                  "goal sent directly through `ReasonClient`, each on a fresh frame, in "
+                  "alternating order, per round."]
+    return lines, checks
 
 
 def fleet_hit_rates(samples: Iterable[Sample]) -> dict[tuple[Any, ...], float]:

@@ -15,7 +15,7 @@ from cosmos_reason_ros.bench import stats as benchstats
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ALL_MODES = ("engine", "node", "baseline", "concurrency", "second", "cameras", "ingest",
-             "memory", "prefill", "lifting", "fleet")
+             "memory", "prefill", "lifting", "planning", "fleet")
 # Run unless --modes says otherwise. Not fleet: it starts two more servers, two routers and
 # 2N nodes of its own (minutes on CPU), so it runs only when asked (--modes fleet).
 DEFAULT_MODES = tuple(m for m in ALL_MODES if m != "fleet")
@@ -45,7 +45,8 @@ PHASE_WEIGHTS = (benchstats.Slice("latency", 45), benchstats.Slice("concurrency"
                  benchstats.Slice("second", 8), benchstats.Slice("cameras", 5),
                  benchstats.Slice("ingest", 10),
                  benchstats.Slice("memory", 17), benchstats.Slice("prefill", 5),
-                 benchstats.Slice("lifting", 1), benchstats.Slice("fleet", 20))
+                 benchstats.Slice("lifting", 1), benchstats.Slice("planning", 4),
+                 benchstats.Slice("fleet", 20))
 # The fleet mode: robots per routing policy, their cameras' rate, and the two routers'
 # policies (label -> vllm-router --policy). Affinity keys on the node's X-Session-ID header.
 FLEET_ROBOTS = 4

@@ -24,7 +24,7 @@ import json
 import secrets
 import sys
 import threading
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
@@ -38,6 +38,9 @@ from cosmos_reason_ros.core.types import ParsedAnswer
 
 DEFAULT_TIMEOUT_S = 60.0
 Source = Literal["latest", "next"]
+# 0: the task's own limit; the node caps every goal at its limits.max_tokens and refuses a
+# negative or larger value (BAD_REQUEST), as it does for any goal.
+MaxTokens = Annotated[int, Field(description="most tokens to generate; 0: the task's default")]
 
 
 class Position(BaseModel):
@@ -244,33 +247,37 @@ class Tools:
         return result
 
     async def ask(self, question: str, cameras: list[str], source: Source, reasoning: bool,
-                  timeout_s: float) -> AskOut:
+                  timeout_s: float, max_tokens: int = 0) -> AskOut:
         """Answer a free-form question."""
-        r = await self.run(question, "vqa", [], cameras, source, timeout_s, reasoning=reasoning)
+        r = await self.run(question, "vqa", [], cameras, source, timeout_s, reasoning=reasoning,
+                           max_tokens=max_tokens)
         return AskOut(answer=r.answer, reasoning=r.reasoning, goal_id=r.message.goal_id)
 
     async def ground(self, targets: list[str], cameras: list[str], source: Source,
-                     timeout_s: float) -> GroundOut:
+                     timeout_s: float, max_tokens: int = 0) -> GroundOut:
         """Find boxes of the targets."""
-        r = await self.run("", "ground", targets, cameras, source, timeout_s)
+        r = await self.run("", "ground", targets, cameras, source, timeout_s,
+                           max_tokens=max_tokens)
         frame = r.message.frame_3d
         return GroundOut(goal_id=r.message.goal_id, boxes=[
             BoxOut(label=b.label, camera=b.camera, x_min=b.x_min, y_min=b.y_min, x_max=b.x_max,
                    y_max=b.y_max, position=_position(b.position_3d, frame)) for b in r.boxes])
 
     async def point(self, targets: list[str], cameras: list[str], source: Source,
-                    timeout_s: float) -> PointsOut:
+                    timeout_s: float, max_tokens: int = 0) -> PointsOut:
         """Point at the targets."""
-        r = await self.run("", "point", targets, cameras, source, timeout_s)
+        r = await self.run("", "point", targets, cameras, source, timeout_s,
+                           max_tokens=max_tokens)
         frame = r.message.frame_3d
         return PointsOut(goal_id=r.message.goal_id, points=[
             PointOut(label=p.label, camera=p.camera, x=p.x, y=p.y,
                      position=_position(p.position_3d, frame)) for p in r.points])
 
     async def verify(self, statement: str, cameras: list[str], source: Source,
-                     timeout_s: float) -> VerifyOut:
+                     timeout_s: float, max_tokens: int = 0) -> VerifyOut:
         """Check a statement yes/no."""
-        r = await self.run(statement, "verify", [], cameras, source, timeout_s)
+        r = await self.run(statement, "verify", [], cameras, source, timeout_s,
+                           max_tokens=max_tokens)
         parsed = ParsedAnswer(raw_text=r.answer, reasoning="", answer=r.answer,
                               answer_json=r.answer_json or None)
         verdict = {True: "yes", False: "no", None: "unsure"}[read_verdict(parsed)]
@@ -283,9 +290,10 @@ class Tools:
                          goal_id=r.message.goal_id)
 
     async def count(self, targets: list[str], cameras: list[str], source: Source,
-                    timeout_s: float) -> CountOut:
+                    timeout_s: float, max_tokens: int = 0) -> CountOut:
         """Count the targets together."""
-        r = await self.run("", "count", targets, cameras, source, timeout_s)
+        r = await self.run("", "count", targets, cameras, source, timeout_s,
+                           max_tokens=max_tokens)
         parsed = ParsedAnswer(raw_text=r.answer, reasoning="", answer=r.answer,
                               answer_json=r.answer_json or None)
         return CountOut(count=read_count(parsed), goal_id=r.message.goal_id)
@@ -318,37 +326,43 @@ def build_server(tools: Tools) -> MCPServer:
 
     @server.tool()
     async def ask(question: str, cameras: list[str] | None = None, source: Source = "latest",
-                  reasoning: bool = False, timeout_s: float = DEFAULT_TIMEOUT_S) -> AskOut:
+                  reasoning: bool = False, timeout_s: float = DEFAULT_TIMEOUT_S,
+                  max_tokens: MaxTokens = 0) -> AskOut:
         """Ask a free-form question about the camera image."""
-        return await guarded(tools.ask(question, cameras or [], source, reasoning, timeout_s))
+        return await guarded(tools.ask(question, cameras or [], source, reasoning, timeout_s,
+                                       max_tokens))
 
     @server.tool()
     async def ground(targets: list[str], cameras: list[str] | None = None,
-                     source: Source = "latest", timeout_s: float = DEFAULT_TIMEOUT_S
-                     ) -> GroundOut:
+                     source: Source = "latest", timeout_s: float = DEFAULT_TIMEOUT_S,
+                     max_tokens: MaxTokens = 0) -> GroundOut:
         """Find boxes of the targets (pixels, and 3D where lifted)."""
-        return await guarded(tools.ground(targets, cameras or [], source, timeout_s))
+        return await guarded(tools.ground(targets, cameras or [], source, timeout_s,
+                                           max_tokens))
 
     @server.tool()
     async def point(targets: list[str], cameras: list[str] | None = None,
-                    source: Source = "latest", timeout_s: float = DEFAULT_TIMEOUT_S
-                    ) -> PointsOut:
+                    source: Source = "latest", timeout_s: float = DEFAULT_TIMEOUT_S,
+                    max_tokens: MaxTokens = 0) -> PointsOut:
         """Point at the targets (pixels, and 3D where lifted)."""
-        return await guarded(tools.point(targets, cameras or [], source, timeout_s))
+        return await guarded(tools.point(targets, cameras or [], source, timeout_s,
+                                           max_tokens))
 
     @server.tool()
     async def verify(statement: str, cameras: list[str] | None = None,
-                     source: Source = "latest", timeout_s: float = DEFAULT_TIMEOUT_S
-                     ) -> VerifyOut:
+                     source: Source = "latest", timeout_s: float = DEFAULT_TIMEOUT_S,
+                     max_tokens: MaxTokens = 0) -> VerifyOut:
         """Check whether a statement about the scene holds: yes, no or unsure, with a reason."""
-        return await guarded(tools.verify(statement, cameras or [], source, timeout_s))
+        return await guarded(tools.verify(statement, cameras or [], source, timeout_s,
+                                           max_tokens))
 
     @server.tool()
     async def count(targets: list[str], cameras: list[str] | None = None,
-                    source: Source = "latest", timeout_s: float = DEFAULT_TIMEOUT_S
-                    ) -> CountOut:
+                    source: Source = "latest", timeout_s: float = DEFAULT_TIMEOUT_S,
+                    max_tokens: MaxTokens = 0) -> CountOut:
         """Count how many of the targets are visible, all together."""
-        return await guarded(tools.count(targets, cameras or [], source, timeout_s))
+        return await guarded(tools.count(targets, cameras or [], source, timeout_s,
+                                           max_tokens))
 
     @server.tool(name="cameras")
     async def cameras_tool() -> CamerasOut:

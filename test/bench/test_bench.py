@@ -122,6 +122,7 @@ def test_pictures_are_deterministic_and_differ_per_seed() -> None:
     ("node,cameras", {"node"}),
     ("prefill", {"node"}),
     ("lifting", set()),
+    ("planning", {"node"}),  # behaviours and MCP tools are clients of the node
 ])
 def test_a_run_starts_only_the_sides_its_modes_measure(modes: str, started: set[str]) -> None:
     bench = runner.Bench(runner.parse_args(["--modes", modes]))
@@ -201,6 +202,9 @@ def test_smoke_run_records_samples_for_every_mode(tmp_path: Path, tiny_qwen3_vl:
         assert asked.keys() == {1, 2}, mode
         assert asked[2]["prompt_tokens"] > asked[1]["prompt_tokens"], mode
         assert (asked[1]["images"], asked[2]["images"]) == (1, 2), mode
+    # planning: behaviour ticks and MCP tool calls (reason_mcp over stdio) on the same node
+    assert data["extra"]["planning"]["behaviour"]["runs"] >= 1
+    assert data["extra"]["planning"]["mcp_overhead"][0]["pairs"] >= 1
     report = (out / "results.md").read_text()
     assert "## Latency" in report and "## Targets" in report and "## Second camera" in report
     assert "goal came after the newest frame" in report

@@ -13,6 +13,7 @@ from cosmos_reason_ros.bench.phases import (
     latency,
     lifting,
     memory,
+    planning,
     prefill,
     second,
 )
@@ -31,5 +32,6 @@ PHASES: dict[str, Callable[[Bench, Results], None]] = {
     "memory": memory.run,
     "prefill": prefill.run,
     "lifting": lifting.run,
+    "planning": planning.run,
     "fleet": fleet.run,
 }
