@@ -47,6 +47,7 @@ ENDLESS_LIMITS = {"limits.max_tokens": ENDLESS_TOKENS}
 
 
 CLI_S = 120.0  # bound for one ros2 command (discovery and a lifecycle activation on 2 cores)
+READ_TRY_S = 60.0  # one try of a ros2 read: asked again within CLI_S + READ_TRY_S when lost
 
 
 def ros2(*args: str) -> str:
@@ -54,21 +55,43 @@ def ros2(*args: str) -> str:
 
     Without the daemon each command discovers the graph afresh, for half a second: on a loaded
     machine that can miss the node ("Node not found", nothing sent), so it is asked again. A
-    read (``get``, ``list``, ``describe``) whose command line crashed (killed by a signal:
-    ros2cli has died of SIGSEGV tearing down its own rclpy on a loaded machine) is asked again
-    too; a change (``set``) is not, as it may have been made.
+    read (``get``, ``list``, ``describe``) is asked again too when its reply never came (the
+    CLI waits for a service reply without a bound, and rmw_fastrtps drops a reply whose
+    reader it has not matched yet: docs/RELIABILITY.md, "the lost hops") or its command line
+    crashed (ros2cli has died of SIGSEGV tearing down its own rclpy on a loaded machine). A
+    change (``set``) is not: it may have been made (``lifecycle_set`` reads the state back).
     """
-    deadline = time.monotonic() + CLI_S
     read = len(args) > 1 and args[1] in ("get", "list", "describe")
+    deadline = time.monotonic() + CLI_S
     while True:
-        done = subprocess.run(["ros2", *args, "--no-daemon"], capture_output=True, text=True,
-                              timeout=CLI_S, check=False)
+        try:
+            done = subprocess.run(["ros2", *args, "--no-daemon"], capture_output=True,
+                                  text=True, timeout=READ_TRY_S if read else CLI_S, check=False)
+        except subprocess.TimeoutExpired:
+            if not read or time.monotonic() > deadline:
+                raise
+            continue
         again = "Node not found" in done.stderr or (read and done.returncode < 0)
         if not again or time.monotonic() > deadline:
             break
     assert done.returncode == 0, f"ros2 {' '.join(args)}: {done.returncode}\n{done.stdout}" \
         f"\n{done.stderr}"
     return done.stdout
+
+
+def lifecycle_set(node: str, transition: str, state: str) -> None:
+    """``ros2 lifecycle set node transition``; the state read back afterwards decides.
+
+    The command's reply can be lost on the way (see ``ros2``) while the node made the
+    transition, so a command that hung or crashed is not a failure by itself: the node's
+    state (``ros2 lifecycle get``, e.g. ``"active [3]"``) must be ``state``.
+    """
+    try:
+        ros2("lifecycle", "set", node, transition)
+    except (subprocess.TimeoutExpired, AssertionError) as e:
+        print(f"ros2 lifecycle set {node} {transition}: {e}; reading the state back")
+    now = ros2("lifecycle", "get", node)
+    assert state in now, f"after {transition}: {node} is {now.strip()!r}, not {state!r}"
 
 
 _LOG_STAMP = re.compile(r"\[[A-Z]+\] \[(\d+\.\d+)\] ")

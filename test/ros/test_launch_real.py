@@ -29,7 +29,13 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("rclpy", reason="needs the ROS 2 wheels (make setup)")
-from node_process import NodeProcess, ProcessTree, ros2, ros_arguments  # noqa: E402
+from node_process import (  # noqa: E402
+    NodeProcess,
+    ProcessTree,
+    lifecycle_set,
+    ros2,
+    ros_arguments,
+)
 
 pytestmark = [pytest.mark.ros]
 
@@ -177,10 +183,9 @@ def test_launched_node_answers_ros2_lifecycle_and_param_and_dies_whole(tiny_qwen
     try:
         assert node.wait_for_line("waiting for configure and activate", 120.0), \
             node.output[-3000:]
-        ros2("lifecycle", "set", "/cosmos_reason", "configure")
-        ros2("lifecycle", "set", "/cosmos_reason", "activate")
+        lifecycle_set("/cosmos_reason", "configure", "inactive [2]")
+        lifecycle_set("/cosmos_reason", "activate", "active [3]")
         node.wait_ready()
-        assert "active [3]" in ros2("lifecycle", "get", "/cosmos_reason")
         assert "Integer value is: 512" in ros2("param", "get", "/cosmos_reason",
                                               "limits.max_tokens")
         kill_node_and_check_nothing_remains(node, tree, node_below(tree).pid)

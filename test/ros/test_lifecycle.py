@@ -40,6 +40,7 @@ from lifecycle_msgs.srv import ChangeState, GetAvailableTransitions, GetState  #
 from node_process import (  # noqa: E402
     NodeProcess,
     ProcessTree,
+    lifecycle_set,
     rgb_image_msg,
     ros2,
     scene,
@@ -505,8 +506,7 @@ def test_ros2_lifecycle_set_walks_the_served_node_and_ros2_param_sets_use_sim_ti
                                   ("deactivate", "inactive [2]"),
                                   ("cleanup", "unconfigured [1]"),
                                   ("shutdown", "finalized [4]")):
-            ros2("lifecycle", "set", f"/{name}", transition)
-            assert state in ros2("lifecycle", "get", f"/{name}")
+            lifecycle_set(f"/{name}", transition, state)
             if transition == "activate":
                 ros2("param", "set", f"/{name}", "use_sim_time", "true")
                 assert "True" in ros2("param", "get", f"/{name}", "use_sim_time")
