@@ -79,19 +79,25 @@ def ros2(*args: str) -> str:
     return done.stdout
 
 
-def lifecycle_set(node: str, transition: str, state: str) -> None:
+def lifecycle_set(node: str, transition: str, state: str, tries: int = 3) -> None:
     """``ros2 lifecycle set node transition``; the state read back afterwards decides.
 
-    The command's reply can be lost on the way (see ``ros2``) while the node made the
-    transition, so a command that hung or crashed is not a failure by itself: the node's
-    state (``ros2 lifecycle get``, e.g. ``"active [3]"``) must be ``state``.
+    The command's request or reply can be lost on the way (see ``ros2``): a command that hung
+    or failed is not a failure by itself. The node's state (``ros2 lifecycle get``, e.g.
+    ``"active [3]"``) must become ``state``; while it has not, the command is sent again (a
+    lost request changed nothing), at most ``tries`` times.
     """
-    try:
-        ros2("lifecycle", "set", node, transition)
-    except (subprocess.TimeoutExpired, AssertionError) as e:
-        print(f"ros2 lifecycle set {node} {transition}: {e}; reading the state back")
-    now = ros2("lifecycle", "get", node)
-    assert state in now, f"after {transition}: {node} is {now.strip()!r}, not {state!r}"
+    seen: list[str] = []
+    for _ in range(tries):
+        try:
+            ros2("lifecycle", "set", node, transition)
+        except (subprocess.TimeoutExpired, AssertionError) as e:
+            seen.append(f"set: {e}")
+        now = ros2("lifecycle", "get", node)
+        if state in now:
+            return
+        seen.append(f"then: {now.strip()!r}")
+    raise AssertionError(f"{node} never reached {state!r} by {transition}: {seen}")
 
 
 _LOG_STAMP = re.compile(r"\[[A-Z]+\] \[(\d+\.\d+)\] ")

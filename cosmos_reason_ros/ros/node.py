@@ -286,6 +286,10 @@ class ReasonNode(LifecycleNode):
     def on_activate(self, state: LifecycleState) -> TransitionCallbackReturn:
         """Start and warm the engine (kept from a previous activation), then serve."""
         t0 = time.monotonic()
+        # Cameras first: DDS matches them with their publishers while the engine starts, so
+        # the frames sent right after "ready" arrive (matched only after the start, a replay
+        # or a camera lost its first seconds of frames on a loaded machine).
+        self.cameras.subscribe()
         if not self._engine_started:
             self.get_logger().info(
                 f"lifecycle: starting the engine model={self.params.engine.model!r} "
@@ -294,10 +298,12 @@ class ReasonNode(LifecycleNode):
             self.activating = True
             try:
                 self.start_engine()
+            except BaseException:
+                self.cameras.subscribe(False)  # activate failed: the node stays inactive
+                raise
             finally:
                 self.activating = False
             self._engine_started = True
-        self.cameras.subscribe()
         self.resume()
         self.stop_goals, self.refusal, self.lifecycle_state = None, None, "active"
         self.startup_s = time.monotonic() - t0

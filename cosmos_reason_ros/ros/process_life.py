@@ -190,10 +190,11 @@ def _watch_parent(parent: int) -> None:
 # --- the node: end what is left below it ------------------------------------------------------
 
 
-def descendants(pid: int | None = None) -> list[int]:
-    """Live processes below ``pid`` (default: this process), parents first (Linux /proc)."""
-    root = os.getpid() if pid is None else pid
-    children: dict[int, list[int]] = {}
+def _processes() -> Iterable[tuple[int, bool, int]]:
+    """Yield (pid, ended, parent pid) of every process (Linux /proc).
+
+    ``ended``: a zombie, which has ended and waits for its parent to reap it.
+    """
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             text = stat.read_text()
@@ -201,8 +202,16 @@ def descendants(pid: int | None = None) -> list[int]:
             continue
         # "pid (comm) state ppid ...": comm may hold spaces and parentheses.
         fields = text[text.rindex(")") + 2:].split()
-        if fields[0] != "Z":  # a zombie has ended already (its parent has yet to reap it)
-            children.setdefault(int(fields[1]), []).append(int(text.split(" ", 1)[0]))
+        yield int(text.split(" ", 1)[0]), fields[0] == "Z", int(fields[1])
+
+
+def descendants(pid: int | None = None) -> list[int]:
+    """Live processes below ``pid`` (default: this process), parents first (Linux /proc)."""
+    root = os.getpid() if pid is None else pid
+    children: dict[int, list[int]] = {}
+    for child, ended, parent in _processes():
+        if not ended:
+            children.setdefault(parent, []).append(child)
     found: list[int] = []
     todo = [root]
     while todo:
@@ -283,7 +292,37 @@ def end_descendants(grace_s: float = 0.0, keep: Iterable[int] = ()) -> list[str]
         _signal(pid, signal.SIGKILL)
     release_shared_memory(segments)
     _reap(pids)
+    _reap_ended([pid for pid in _ended_children() if pid not in left_out])
     return names
+
+
+def _reap_ended(pids: list[int], timeout_s: float = 5.0) -> None:
+    """Reap children whose main thread has ended (a zombie entry, not listed as descendants).
+
+    vLLM's engine core ends by itself during the engine's close, but its main thread can end
+    before its other threads: until they do, the process cannot be reaped, and it would stay
+    a ``<defunct>`` entry after this returns. The rest of it is killed (it is ending anyway)
+    and it is waited for, bounded.
+    """
+    for pid in pids:
+        _signal(pid, signal.SIGKILL)
+    deadline = time.monotonic() + timeout_s
+    pending = list(pids)
+    while pending and time.monotonic() < deadline:
+        for pid in list(pending):
+            try:
+                if os.waitpid(pid, os.WNOHANG)[0]:
+                    pending.remove(pid)
+            except ChildProcessError:  # reaped elsewhere (multiprocessing's own join)
+                pending.remove(pid)
+        if pending:
+            time.sleep(0.02)
+
+
+def _ended_children() -> list[int]:
+    """Return the children of this process that have ended and wait to be reaped."""
+    me = os.getpid()
+    return [pid for pid, ended, parent in _processes() if ended and parent == me]
 
 
 def _reap(killed: Iterable[int], timeout_s: float = 5.0) -> None:

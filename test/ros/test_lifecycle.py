@@ -227,7 +227,8 @@ def test_node_under_a_manager_walks_the_lifecycle_with_the_real_engine(tiny_qwen
         wait_until(lambda: not _alive(engine_processes), 60,
                    "engine processes alive after cleanup")
         # Reaped by the cleanup itself: no <defunct> child is left waiting for a later start.
-        zombies = [p.pid for p in node_process.children() if p.status() == psutil.STATUS_ZOMBIE]
+        zombies = [(p.pid, p.name()) for p in node_process.children()
+                   if p.status() == psutil.STATUS_ZOMBIE]
         assert not zombies, zombies
         rss_mb["after cleanup"] = node_process.memory_info().rss / 2**20
 
