@@ -47,10 +47,13 @@ ENDLESS_LIMITS = {"limits.max_tokens": ENDLESS_TOKENS}
 
 
 CLI_S = 120.0  # bound for one ros2 command (discovery and a lifecycle activation on 2 cores)
-READ_TRY_S = 60.0  # one try of a ros2 read: asked again within CLI_S + READ_TRY_S when lost
+READ_TRY_S = 60.0  # one try of a ros2 read: asked again, within its bound, when lost
+# A transition's state is read back within this: ros2 lifecycle get waits while a transition
+# runs, and activate starts the engine (engine.start_timeout_s defaults to 600 s).
+TRANSITION_S = 600.0
 
 
-def ros2(*args: str) -> str:
+def ros2(*args: str, within_s: float = CLI_S) -> str:
     """Run a ``ros2`` verb without the daemon (it would outlive the test); return its output.
 
     Without the daemon each command discovers the graph afresh, for half a second: on a loaded
@@ -60,9 +63,10 @@ def ros2(*args: str) -> str:
     reader it has not matched yet: docs/RELIABILITY.md, "the lost hops") or its command line
     crashed (ros2cli has died of SIGSEGV tearing down its own rclpy on a loaded machine). A
     change (``set``) is not: it may have been made (``lifecycle_set`` reads the state back).
+    A read is asked until ``within_s`` has passed.
     """
     read = len(args) > 1 and args[1] in ("get", "list", "describe")
-    deadline = time.monotonic() + CLI_S
+    deadline = time.monotonic() + within_s
     while True:
         try:
             done = subprocess.run(["ros2", *args, "--no-daemon"], capture_output=True,
@@ -93,7 +97,7 @@ def lifecycle_set(node: str, transition: str, state: str, tries: int = 3) -> Non
             ros2("lifecycle", "set", node, transition)
         except (subprocess.TimeoutExpired, AssertionError) as e:
             seen.append(f"set: {e}")
-        now = ros2("lifecycle", "get", node)
+        now = ros2("lifecycle", "get", node, within_s=TRANSITION_S)
         if state in now:
             return
         seen.append(f"then: {now.strip()!r}")

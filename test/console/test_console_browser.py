@@ -232,9 +232,12 @@ def test_page_loads_offline_and_the_live_picture_updates(stack) -> None:
     wait_for(driver, "document.getElementById('connection').textContent === 'connected'",
              what="the WebSocket")
     # The live pane: one for the default camera, its picture replaced as frames come.
-    first = wait_for(driver, "document.querySelector('figure.pane img')?.dataset.stamp",
-                     what="a first live picture")
-    src = driver.execute_script("return document.querySelector('figure.pane img').src;")
+    wait_for(driver, "document.querySelector('figure.pane img')?.dataset.stamp",
+             what="a first live picture")
+    # Stamp and picture read together: a picture arriving between two reads would pair one
+    # picture's stamp with the next one's source.
+    first, src = driver.execute_script(
+        "const i = document.querySelector('figure.pane img'); return [i.dataset.stamp, i.src];")
     assert src.startswith("blob:")
     later = wait_for(driver, f"(() => {{ const s = document.querySelector('figure.pane img')"
                      f"?.dataset.stamp; return s && BigInt(s) > {first}n ? s : ''; }})()",

@@ -82,6 +82,8 @@ def io(node):
 
     def on_diagnostics(msg):
         values = {kv.key: kv.value for kv in msg.status[0].values}
+        if "engine_running_requests" not in values:  # not configured yet: the state alone
+            return
         with io.results_cond:
             io.engine_running.append(int(values["engine_running_requests"]))
             io.frames_received = int(values["frames_received"])
