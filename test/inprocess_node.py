@@ -23,12 +23,14 @@ import rclpy
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus
 from fake_engine import FakeEngine, Script, answers_the_task
 from rclpy.action import ActionClient
+from rclpy.action.client import ClientGoalHandle
 from rclpy.context import Context
 from rclpy.executors import MultiThreadedExecutor
 from rclpy.parameter import Parameter
 from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
 from sensor_msgs.msg import CompressedImage, Image
 from spun_node import SpinThread, SpunNode
+from unique_identifier_msgs.msg import UUID
 
 from cosmos_reason_interfaces.action import Reason
 from cosmos_reason_interfaces.msg import ReasoningResult
@@ -48,6 +50,10 @@ BASE_PARAMS: dict[str, Any] = {"engine.model": "fake-model", "model.family": "co
 # goals' token feedback.
 ACTION_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=256,
                         reliability=ReliabilityPolicy.RELIABLE)
+# Asking the action server's services until one answers: how long a request may take, and
+# how often (a request lost before discovery ends is asked again).
+SERVICE_ANSWER_TRY_S = 2.0
+SERVICE_ANSWER_TRIES = 30
 
 
 def image_msg(stamp_ns: int, width: int = 64, height: int = 48, value: int = 90,
@@ -119,7 +125,29 @@ class InProcessNode:
         self.side.node.create_subscription(DiagnosticArray, "/diagnostics",
                                            self._on_diagnostics, 10)
         assert self.client.wait_for_server(timeout_sec=10.0), "action server not discovered"
+        self._answered_by_each_service()
         assert SpunNode.wait_matched(self.camera, 10.0), "camera not matched"
+
+    def _answered_by_each_service(self) -> None:
+        """Get one answer from the result and the cancel service before a test asks them.
+
+        ``wait_for_server`` sees the server from the client's side only: the server's response
+        writer matches the client's reader on its own discovery schedule, and until it has,
+        Fast DDS drops a response ("client will not receive response") and rclpy's client
+        waits for ever. A request about an unknown goal is answered at once, so one answered
+        request of each kind arranges what every test assumes; a lost one is asked again.
+        """
+        unknown = ClientGoalHandle(self.client, UUID(uuid=list(os.urandom(16))), None)
+        for ask in (unknown.get_result_async, unknown.cancel_goal_async):
+            for _ in range(SERVICE_ANSWER_TRIES):
+                future = self.on_client_thread(ask)
+                deadline = time.monotonic() + SERVICE_ANSWER_TRY_S
+                while not future.done() and time.monotonic() < deadline:
+                    time.sleep(0.005)
+                if future.done():
+                    break
+            else:
+                raise AssertionError(f"the action server never answered {ask.__name__}")
 
     def _on_result(self, msg: ReasoningResult) -> None:
         with self._results_cond:

@@ -7,7 +7,8 @@ own, subscribes to what a pane shows and the page lists:
   node's ``<node>/annotated_image`` (``<node>/<camera>/annotated_image`` for named cameras),
   kept serialized (``raw=True``) in ``frames.CameraFrames``. Keep-last 2, so a camera never
   waits for the console; reliability as the node's own camera subscription
-  (``image.qos_reliability``) unless ``camera_reliability`` says otherwise -- a reliable
+  (``image.qos_reliability``; its ``auto`` follows the camera's publishers, best effort while
+  none is known) unless ``camera_reliability`` says otherwise -- a reliable
   reader does not match a best-effort driver, and a best-effort one loses most large raw
   frames between processes (measured here: 0.17 of 15 frames/s at 640x480 rgb8 best effort,
   15 of 15 reliable); the annotated image (the node's publisher is reliable) reliably;
@@ -43,13 +44,15 @@ from cosmos_reason_interfaces.msg import ReasoningResult
 from cosmos_reason_ros.client import GoalHandle, ReasonClient, status_name
 from cosmos_reason_ros.console.frames import CameraFrames
 from cosmos_reason_ros.core.cameras import DEFAULT_CAMERA
+from cosmos_reason_ros.qos import publishers_qos
 
 CONSOLE_NODE_NAME = "cosmos_reason_console"
 NODE_PARAMETERS = ("cameras.names", "limits.max_prompt_chars", "image.qos_reliability")
 PARAMETER_POLL_S = 1.0
 RELIABILITY = {"best_effort": ReliabilityPolicy.BEST_EFFORT,
                "reliable": ReliabilityPolicy.RELIABLE}
-CAMERA_RELIABILITY_CHOICES = ("auto", *RELIABILITY)  # auto: the node's image.qos_reliability
+# auto: as the node's image.qos_reliability (its own auto: follow the camera's publishers)
+CAMERA_RELIABILITY_CHOICES = ("auto", *RELIABILITY)
 ANNOTATED_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=2,
                            reliability=ReliabilityPolicy.RELIABLE)
 # ~/results: reliable like the node's writer, so no answer is missed; keep-last, so a console
@@ -169,8 +172,6 @@ class ConsoleBridge:
         with self._lock:  # a camera that stays keeps its frames (only its QoS changed)
             cameras = {t.name: self.cameras.get(t.name) or CameraFrames(t.name, *self._history)
                        for t in topics}
-        stream_qos = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=2,
-                                reliability=RELIABILITY[self._reliability])
         subscriptions = []
         for t in topics:
             frames = cameras[t.name]
@@ -181,7 +182,8 @@ class ConsoleBridge:
                            (CompressedImage, f"{t.stream_topic.rstrip('/')}/compressed", True)]
             for msg_type, topic, compressed in streams:
                 subscriptions.append(self.node.create_subscription(
-                    msg_type, topic, _storer(frames, compressed), stream_qos, raw=True))
+                    msg_type, topic, _storer(frames, compressed), self._stream_qos(topic),
+                    raw=True))
             subscriptions.append(self.node.create_subscription(
                 Image, t.annotated_topic, _annotated_storer(frames, self.events, t.name),
                 ANNOTATED_QOS, raw=True))
@@ -189,6 +191,17 @@ class ConsoleBridge:
             self.cameras, self.topics = cameras, topics
         self._camera_subscriptions = subscriptions
         self._reliability_subscribed = self._reliability
+
+    def _stream_qos(self, topic: str) -> QoSProfile:
+        if self._reliability != "auto":
+            return QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=2,
+                              reliability=RELIABILITY[self._reliability])
+        # The node follows the camera's publishers: so does the console. With none known yet,
+        # best effort, which matches whichever camera comes later.
+        if not self.node.get_publishers_info_by_topic(topic):
+            return QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=2,
+                              reliability=ReliabilityPolicy.BEST_EFFORT)
+        return publishers_qos(self.node, topic, 2)
 
     def camera(self, name: str) -> CameraFrames | None:
         """Return the frames of pane ``name`` (None when there is no such pane now)."""
@@ -224,8 +237,7 @@ class ConsoleBridge:
         topics = self.topics
         if not self._cameras_fixed and names:
             topics = camera_topics(self.node_path, [(n, "") for n in names])
-        if self._follow_node_reliability and isinstance(reliability, str) \
-                and reliability in RELIABILITY:
+        if self._follow_node_reliability and reliability in CAMERA_RELIABILITY_CHOICES:
             self._reliability = reliability
         if topics != self.topics or self._reliability != self._reliability_subscribed:
             self._subscribe_cameras(topics)

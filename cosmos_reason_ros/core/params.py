@@ -179,7 +179,8 @@ class ImageParams:
     """Camera subscription queue depth. Default: 1. Allowed: >= 1, <= 100."""
 
     qos_reliability: str
-    """Camera QoS reliability. Default: "best_effort". Allowed: best_effort, reliable."""
+    """Camera QoS reliability: auto follows the publishers (reliable unless one is best effort), as
+    ros2 topic echo does. Default: "auto". Allowed: auto, best_effort, reliable."""
 
     history_frames: int
     """Frames kept for clips and 'next'. Default: 64. Allowed: >= 1, <= 10000."""

@@ -33,6 +33,7 @@ from cosmos_reason_ros.core.frames import FrameHistory
 from cosmos_reason_ros.core.params import NodeParams
 from cosmos_reason_ros.core.rgbd import CameraModel
 from cosmos_reason_ros.core.types import CosmosReasonError
+from cosmos_reason_ros.qos import publishers_qos
 
 StoredMessage = tuple[bool, bytes]  # (compressed, serialized bytes)
 
@@ -43,30 +44,19 @@ FOLLOW_QOS_DEPTH = 5
 
 @dataclass(frozen=True)
 class _Wanted:
-    """One subscription subscribe() creates; ``qos`` None: follow the publishers' QoS."""
+    """One subscription subscribe() creates.
+
+    ``follow``: the reliability follows the publishers (``qos.publishers_qos``), keeping
+    ``qos``'s depth; otherwise ``qos`` as it is.
+    """
 
     msg_type: Any
     topic: str
     callback: Callable[[Any], None]
-    qos: QoSProfile | None
+    qos: QoSProfile
+    follow: bool
     raw: bool
     colour: bool  # a colour topic (named in messages about the camera)
-
-
-def following_qos(offered: list[Any]) -> QoSProfile:
-    """Return the QoS to subscribe with to publishers offering ``offered`` reliabilities.
-
-    As ``ros2 topic echo`` and rosbag2 choose: reliable, unless a publisher is best effort
-    (a reliable reader does not match a best-effort writer). Reliable with no publisher known
-    yet: RealSense, ZED, OAK-D (depthai-ros) and Orbbec drivers publish depth and CameraInfo
-    reliable by default, and a best-effort reader of a reliable writer gets them without
-    retransmission, so large depth frames lost on the way are lost for good (a 640x480
-    16UC1 frame is ~40 UDP fragments; one lost fragment loses the frame).
-    """
-    best_effort = any(r == ReliabilityPolicy.BEST_EFFORT for r in offered)
-    return QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=FOLLOW_QOS_DEPTH,
-                      reliability=ReliabilityPolicy.BEST_EFFORT if best_effort
-                      else ReliabilityPolicy.RELIABLE)
 
 
 class Camera:
@@ -94,6 +84,9 @@ class Camera:
         self.history: FrameHistory[StoredMessage] = FrameHistory(
             max_frames=p.image.history_frames,
             max_bytes=int(p.image.history_mb * 1024 * 1024), clock=clock_ns)
+        # auto (the default): the colour stream follows its publishers, like depth; a
+        # best-effort reader of a reliable camera between processes loses most large frames.
+        follow_colour = p.image.qos_reliability == "auto"
         qos = QoSProfile(
             history=HistoryPolicy.KEEP_LAST, depth=p.image.qos_depth,
             reliability=ReliabilityPolicy.BEST_EFFORT
@@ -106,11 +99,12 @@ class Camera:
         self._wanted: list[_Wanted] = []  # what subscribe() creates
         if input_kind in ("raw", "both"):
             self._wanted.append(_Wanted(Image, node.resolve_topic_name(prefix + "image"),
-                                        lambda d: self._store(d, False), qos, True, True))
+                                        lambda d: self._store(d, False), qos,
+                                        follow_colour, True, True))
         if input_kind in ("compressed", "both"):
             self._wanted.append(_Wanted(
                 CompressedImage, node.resolve_topic_name(prefix + "image/compressed"),
-                lambda d: self._store(d, True), qos, True, True))
+                lambda d: self._store(d, True), qos, follow_colour, True, True))
         self.depth_history: FrameHistory[StoredMessage] | None = None
         self._model: CameraModel | None = None
         self._rectified = p.depth.rectified
@@ -118,13 +112,14 @@ class Camera:
         if depth:
             self.depth_history = FrameHistory(max_frames=p.depth.history_frames,
                                               clock=clock_ns)
-            # Depth and CameraInfo follow their publishers' reliability (following_qos): a
-            # lost depth frame or CameraInfo is a goal without 3D, unlike a lost colour frame.
+            # Depth and CameraInfo always follow their publishers' reliability: a lost depth
+            # frame or CameraInfo is a goal without 3D.
+            follow = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=FOLLOW_QOS_DEPTH)
             self._wanted.append(_Wanted(Image, node.resolve_topic_name(prefix + "depth/image"),
-                                        self._store_depth, None, True, False))
+                                        self._store_depth, follow, True, True, False))
             self._wanted.append(_Wanted(
                 CameraInfo, node.resolve_topic_name(prefix + "camera_info"),
-                self._on_camera_info, None, False, False))
+                self._on_camera_info, follow, True, False, False))
         if subscribe:
             self.subscribe()
 
@@ -142,14 +137,13 @@ class Camera:
             self.subscriptions = []
 
     def _qos(self, wanted: _Wanted) -> QoSProfile:
-        if wanted.qos is not None:
+        if not wanted.follow:
             return wanted.qos
-        return following_qos([info.qos_profile.reliability for info in
-                              self._ingest.get_publishers_info_by_topic(wanted.topic)])
+        return publishers_qos(self._ingest, wanted.topic, wanted.qos.depth)
 
     def _create(self, wanted: _Wanted, qos: QoSProfile) -> Any:
         events = None
-        if wanted.qos is None and qos.reliability == ReliabilityPolicy.RELIABLE:
+        if wanted.follow and qos.reliability == ReliabilityPolicy.RELIABLE:
             events = SubscriptionEventCallbacks(
                 incompatible_qos=lambda _event: self._to_best_effort(wanted))
         return self._ingest.create_subscription(
@@ -169,11 +163,12 @@ class Camera:
             if old.qos_profile.reliability == ReliabilityPolicy.BEST_EFFORT:
                 return
             self._ingest.destroy_subscription(old)
-            self.subscriptions[index] = self._create(wanted, following_qos(
-                [ReliabilityPolicy.BEST_EFFORT]))
+            self.subscriptions[index] = self._create(wanted, QoSProfile(
+                history=HistoryPolicy.KEEP_LAST, depth=wanted.qos.depth,
+                reliability=ReliabilityPolicy.BEST_EFFORT))
         self.node.get_logger().warning(
             f"{wanted.topic}: a best-effort publisher appeared; subscribed best effort now "
-            "(large depth frames lost on the way are then not resent)")
+            "(large frames lost on the way are then not resent)")
 
     @property
     def topics(self) -> str:

@@ -285,8 +285,9 @@ PARAMS: tuple[Param, ...] = (
     Param("image.input", "raw", "Camera input: raw (image), compressed (image/compressed) or "
           "both.", _choice("raw", "compressed", "both")),
     Param("image.qos_depth", 1, "Camera subscription queue depth.", _range(1, 100)),
-    Param("image.qos_reliability", "best_effort", "Camera QoS reliability.",
-          _choice("best_effort", "reliable")),
+    Param("image.qos_reliability", "auto", "Camera QoS reliability: auto follows the "
+          "publishers (reliable unless one is best effort), as ros2 topic echo does.",
+          _choice("auto", "best_effort", "reliable")),
     Param("image.history_frames", 64, "Frames kept for clips and 'next'.", _range(1, 10000)),
     Param("image.history_mb", 512.0, "Memory bound of the frame history (MB).",
           _range(1, 65536)),

@@ -3,7 +3,8 @@
 Fast tier, like ``test_console_api.py``. What only this proves: a console started with no
 camera topic (``console`` beside a node launched with ``image:=/front/image_raw``) shows that
 camera, taking its topic from the node's ``/diagnostics`` (``image_topic``, remaps applied),
-instead of waiting on ``/image`` forever.
+instead of waiting on ``/image`` forever; and, where the node follows its camera's
+publishers' reliability (``image.qos_reliability: auto``), the console does too.
 """
 
 from __future__ import annotations
@@ -14,9 +15,11 @@ import threading
 import pytest
 
 rclpy = pytest.importorskip("rclpy", reason="needs the ROS 2 wheels (make setup)")
-from console_client import console_session, next_json, next_picture  # noqa: E402
+from console_client import WAIT_S, console_session, next_json, next_picture  # noqa: E402
 from fake_engine import answers_the_task  # noqa: E402
 from inprocess_node import InProcessNode  # noqa: E402
+from rclpy.qos import ReliabilityPolicy  # noqa: E402
+from waiting import wait_until  # noqa: E402
 
 pytestmark = [pytest.mark.ros]
 
@@ -41,6 +44,43 @@ def test_a_console_without_a_topic_shows_the_nodes_remapped_camera() -> None:
             header, _ = await next_picture(ws)  # only the remapped topic carries pictures
             assert header["camera"] == "default" and int(header["stamp"]) in stamps
             assert console.bridge.topics[0].stream_topic == REMAPPED
+            await ws.close()
+
+    thread = threading.Thread(target=publish, daemon=True)
+    thread.start()
+    try:
+        asyncio.run(test())
+    finally:
+        stop.set()
+        thread.join(5.0)
+        node.close()
+
+
+def test_a_console_follows_the_cameras_publishers_when_the_node_does() -> None:
+    # The node's image.qos_reliability auto: the console subscribes as the camera publishes
+    # (reliable here), not best effort, which loses most large frames between processes.
+    node = InProcessNode({"image.qos_reliability": "auto", "diagnostics.period_s": 0.2},
+                         script=answers_the_task)
+    stop = threading.Event()
+    stamps: list[int] = []
+
+    def publish() -> None:  # the node's reliable camera at 20 Hz
+        while not stop.is_set():
+            stamps.append(node.publish())
+            stop.wait(0.05)
+
+    async def test() -> None:
+        async with console_session(fps=20.0) as (console, client):
+            bridge = console.bridge
+            wait_until(lambda: bridge._reliability_subscribed == "auto", WAIT_S,
+                       "the console read the node's image.qos_reliability")
+            streams = {s.topic_name: s.qos_profile.reliability
+                       for s in bridge._camera_subscriptions}
+            assert streams["/image"] == ReliabilityPolicy.RELIABLE, streams
+            ws = await client.ws_connect("/ws")
+            await next_json(ws, "hello")
+            header, _ = await next_picture(ws)
+            assert int(header["stamp"]) in stamps
             await ws.close()
 
     thread = threading.Thread(target=publish, daemon=True)

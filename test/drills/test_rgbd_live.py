@@ -159,10 +159,11 @@ def test_a_live_rgbd_camera_gets_every_ground_goal_lifted(reliability, record):
     for line in not_lifted:
         print("  not lifted:", line)
     camera_kind = "reliable" if reliability == "reliable" else "best-effort"
-    # Lower is better, as every drill figure: at most 1 of 30 unlifted is the aim (missed by
-    # default today: the colour stream is subscribed best effort, image.qos_reliability, and
-    # 640x480 frames sent best effort between processes are lost whole: 0.5-6 of 10 Hz
-    # arrived, and goals met a colour frame older than image.max_age_s). Past 25 the path from
-    # camera to 3D is broken, not merely losing frames.
+    # Lower is better, as every drill figure: at most 1 of 30 unlifted is the aim. Every
+    # subscription follows its publishers by default, so a reliable camera's lost fragments are
+    # resent; a best-effort camera's 640x480 frames lost between processes are lost whole
+    # (0-6 of 10 Hz arrive; only the driver's side can fix that: RELIABILITY.md), and goals
+    # then meet a frame older than image.max_age_s. Past 25 the path from camera to 3D is
+    # broken, not merely losing frames.
     record(f"goals not lifted of {GOALS} ({camera_kind} camera)", len(not_lifted), "goals",
            1, 25)

@@ -18,7 +18,7 @@ rclpy = pytest.importorskip("rclpy", reason="needs the ROS 2 wheels (make setup)
 from action_msgs.msg import GoalStatus  # noqa: E402
 from fake_engine import Gate, Script  # noqa: E402
 from geometry_msgs.msg import PointStamped, PoseStamped, TransformStamped  # noqa: E402
-from inprocess_node import InProcessNode  # noqa: E402
+from inprocess_node import InProcessNode, image_msg  # noqa: E402
 from rclpy.qos import ReliabilityPolicy, qos_profile_sensor_data  # noqa: E402
 from sensor_msgs.msg import CameraInfo, Image  # noqa: E402
 from visualization_msgs.msg import Marker, MarkerArray  # noqa: E402
@@ -223,6 +223,35 @@ def test_best_effort_depth_and_camera_info_publishers_are_followed(rig):
     _, result = r.n.ask(task="ground", targets=["crate"])
     assert result.lift_code == ReasoningResult.LIFT_OK, result.lift_message
     assert math.isclose(result.boxes[0].position_3d.position.z, 1.0, abs_tol=0.005)
+
+
+def test_the_colour_stream_follows_its_publishers_reliability_by_default():
+    # image.qos_reliability auto: reliable while no publisher is known (a best-effort reader
+    # of a reliable camera between processes loses most large frames for good), best effort
+    # once a best-effort camera appears (a reliable reader would never match it).
+    n = InProcessNode({"image.qos_reliability": "auto"})
+    try:
+        def colour() -> Any:
+            (reliability,) = [s.qos_profile.reliability for s in n.node.camera.subscriptions
+                              if s.topic_name == "/image"]
+            return reliability
+
+        assert colour() == ReliabilityPolicy.RELIABLE
+        camera = n.side.node.create_publisher(Image, "/image", qos_profile_sensor_data)
+        wait_until(lambda: colour() == ReliabilityPolicy.BEST_EFFORT, WAIT_S,
+                   "the colour stream resubscribed best effort")
+        stamp = n.side.now_ns()
+
+        def arrived() -> bool:  # best effort: resent, as a streaming driver does
+            camera.publish(image_msg(stamp))
+            return n.node.history.stats().received >= 1
+
+        wait_until(arrived, WAIT_S, "a frame from the best-effort camera", poll_s=0.05)
+        status, result = n.ask(prompt="What is there?")
+        assert status == GoalStatus.STATUS_SUCCEEDED, result.error_message
+        assert result.header.stamp.sec * 1_000_000_000 + result.header.stamp.nanosec == stamp
+    finally:
+        n.close()
 
 
 def test_depth_of_another_size_is_refused_and_the_2d_answer_stands(rig):
