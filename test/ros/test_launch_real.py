@@ -72,10 +72,25 @@ class InstalledNode(NodeProcess):
 class LaunchedNode(NodeProcess):
     """``ros2 launch cosmos_reason_ros cosmos_reason.launch.py`` with the preset, no autostart."""
 
+    autostart = False
+
     def command(self, preset: str, params: dict[str, object],
                 remaps: Sequence[str]) -> list[str]:
         return ["ros2", "launch", "cosmos_reason_ros", "cosmos_reason.launch.py",
-                f"config:={preset}", f"model:={params['engine.model']}", "autostart:=false"]
+                f"config:={preset}", f"model:={params['engine.model']}",
+                f"autostart:={str(self.autostart).lower()}"]
+
+
+class PlainLaunchedNode(LaunchedNode):
+    """A plain ``ros2 launch`` (autostart: configured and activated at start)."""
+
+    autostart = True
+
+
+def skip_without_ros2() -> None:
+    if shutil.which("ros2") is None:
+        pytest.skip("no ros2 command line: make setup builds it from ../shared/ros-src "
+                    "(scripts/build_ros_src.sh) where that folder exists")
 
 
 def node_below(tree: ProcessTree) -> object:
@@ -175,9 +190,7 @@ def test_sigkilled_installed_executable_leaves_no_engine_process(tiny_qwen3_vl):
 @pytest.mark.slow
 @pytest.mark.every_distro  # launch, launch_ros and ros2cli are each distro's own
 def test_launched_node_answers_ros2_lifecycle_and_param_and_dies_whole(tiny_qwen3_vl):
-    if shutil.which("ros2") is None:
-        pytest.skip("no ros2 command line: make setup builds it from ../shared/ros-src "
-                    "(scripts/build_ros_src.sh) where that folder exists")
+    skip_without_ros2()
     node = LaunchedNode("cpu_demo", {"engine.model": str(tiny_qwen3_vl)}, env=ENGINE_PROCESSES)
     tree = ProcessTree(node.proc.pid)
     try:
@@ -189,6 +202,38 @@ def test_launched_node_answers_ros2_lifecycle_and_param_and_dies_whole(tiny_qwen
         assert "Integer value is: 512" in ros2("param", "get", "/cosmos_reason",
                                               "limits.max_tokens")
         kill_node_and_check_nothing_remains(node, tree, node_below(tree).pid)
+    finally:
+        node.stop()
+        tree.close()
+
+
+@pytest.mark.engine
+@pytest.mark.slow
+@pytest.mark.parametrize("moment", ["engine start", "ready"])
+def test_ctrl_c_of_ros2_launch_leaves_no_process(tiny_qwen3_vl, moment):
+    """Ctrl-C in the terminal of a plain ``ros2 launch`` (SIGINT to its whole process group).
+
+    While activate loads the engine (its core process just spawned), or once ready. launch
+    passes the stop on to the node and escalates to SIGTERM and SIGKILL if the node is slow:
+    whichever ends it, the engine's processes must end too.
+    """
+    skip_without_ros2()
+    node = PlainLaunchedNode("cpu_demo", {"engine.model": str(tiny_qwen3_vl)},
+                             env=ENGINE_PROCESSES)
+    tree = ProcessTree(node.proc.pid)
+    try:
+        if moment == "ready":
+            node.wait_ready()
+        else:  # launch -> node -> engine core: activate is loading the engine
+            assert tree.wait_for(lambda t: t.spawned(2), 300.0), \
+                f"no engine core below the launched node: {tree.names()}\n{node.output[-3000:]}"
+        os.killpg(node.proc.pid, signal.SIGINT)
+        node.proc.wait(GONE_S)
+        survivors = tree.survivors_after(GONE_S)
+        assert not survivors, (
+            f"still alive after Ctrl-C of ros2 launch at {moment}: "
+            f"{[(p.pid, p.name()) for p in survivors]}; seen: {tree.names()}\n"
+            f"{node.output[-3000:]}")
     finally:
         node.stop()
         tree.close()
