@@ -40,7 +40,6 @@ from __future__ import annotations
 import concurrent.futures
 import copy
 import inspect
-import math
 import threading
 import time
 import uuid
@@ -233,22 +232,6 @@ def status_name(node_path: str) -> str:
     namespaces publish on one ``/diagnostics``, and only the namespace tells them apart.
     """
     return f"{node_path}: visual reasoning"
-
-
-def message_to_dict(msg: Any) -> Any:
-    """Convert a ROS message to plain JSON-able data (recursively; NaN becomes null)."""
-    if hasattr(msg, "get_fields_and_field_types"):
-        return {name: message_to_dict(getattr(msg, name))
-                for name in msg.get_fields_and_field_types()}
-    if isinstance(msg, (list, tuple)):
-        return [message_to_dict(v) for v in msg]
-    if isinstance(msg, float) and not math.isfinite(msg):
-        return None
-    if isinstance(msg, (bytes, bytearray)):
-        return len(msg)
-    if hasattr(msg, "tolist"):  # array.array / numpy
-        return msg.tolist()
-    return msg
 
 
 def _settle(future: concurrent.futures.Future[ReasonResult], result: ReasonResult | None = None,

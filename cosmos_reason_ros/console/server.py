@@ -63,8 +63,9 @@ from urllib.parse import urlsplit
 
 from aiohttp import WSMsgType, web
 
-from cosmos_reason_ros.client import SOURCES, message_to_dict
+from cosmos_reason_ros.client import SOURCES
 from cosmos_reason_ros.core import prompts
+from cosmos_reason_ros.core.plain import to_plain
 from cosmos_reason_ros.core.tasks import TASKS
 from cosmos_reason_ros.core.types import CosmosReasonError, ErrorCode
 
@@ -226,7 +227,7 @@ def stamp_ns(stamp: dict[str, int]) -> int:
 
 def result_data(msg: Any, status: str) -> dict[str, Any]:
     """Convert a ``ReasoningResult`` for the page (JSON; stamps as strings: ns exceed 2^53)."""
-    data = message_to_dict(msg)
+    data = to_plain(msg)
     data.pop("raw_text", None)  # answer + reasoning again
     for name in ("answer", "reasoning"):
         if len(data[name]) > MAX_TEXT_CHARS:

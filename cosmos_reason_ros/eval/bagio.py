@@ -7,13 +7,13 @@
   definitions of ``cosmos_reason_interfaces`` (registered from its ``.msg`` files), so
   ``ros2 bag info/play`` and ``rosbags`` read it back.
 
-Plain form: a message as nested dicts and lists with the message's field names; NaN floats
-(a ``Box2D.score`` the model did not give) become ``None`` so the JSONL is strict JSON.
+Plain form: ``core.plain.to_plain`` (nested dicts and lists with the message's field names;
+NaN floats become ``None``, so the JSONL is strict JSON); ``from_plain`` builds the message
+back.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 import math
@@ -24,6 +24,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
+
+from cosmos_reason_ros.core.plain import to_plain
 
 RESULT_TYPE = "cosmos_reason_interfaces/msg/ReasoningResult"
 IMAGE_TYPE = "sensor_msgs/msg/Image"
@@ -80,28 +82,6 @@ def typestore() -> Any:
                                         f"{_INTERFACES}/msg/{path.stem}"))
     store.register(types)
     return store
-
-
-def to_plain(msg: Any) -> Any:
-    """Convert a ROS message (rclpy or rosbags) or value to nested dicts/lists; NaN -> None."""
-    if isinstance(msg, float):
-        return None if math.isnan(msg) else msg
-    if isinstance(msg, (str, bool, int)) or msg is None:
-        return msg
-    if isinstance(msg, (np.floating, np.integer, np.bool_)):
-        return to_plain(msg.item())
-    if isinstance(msg, (bytes, bytearray)):
-        return list(msg)
-    if isinstance(msg, np.ndarray):
-        return [to_plain(v) for v in msg.tolist()]
-    if hasattr(msg, "get_fields_and_field_types"):  # rclpy message
-        return {name: to_plain(getattr(msg, name)) for name in msg.get_fields_and_field_types()}
-    if dataclasses.is_dataclass(msg):  # rosbags message; ROS constants are UPPER_CASE
-        return {f.name: to_plain(getattr(msg, f.name)) for f in dataclasses.fields(msg)
-                if not f.name.startswith("__") and not f.name.isupper()}
-    if isinstance(msg, Sequence) or hasattr(msg, "tolist"):  # list, tuple, array.array
-        return [to_plain(v) for v in msg]
-    raise BagError(f"cannot convert a {type(msg).__name__} to plain data")
 
 
 def from_plain(msgtype: str, plain: Mapping[str, Any] | None, store: Any = None) -> Any:

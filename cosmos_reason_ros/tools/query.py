@@ -26,7 +26,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from cosmos_reason_ros.client import SOURCES, message_to_dict
+from cosmos_reason_ros.client import SOURCES
+from cosmos_reason_ros.core.plain import to_plain
 
 # The client's default wait: longer than the node's default goal limit (120 s), so a goal
 # that runs out of time ends with the node's TIMEOUT result rather than a cancel from here.
@@ -157,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
                 return 1
         if not args.quiet:
             sys.stderr.write("\n")
-        out = {"status": result.status, **message_to_dict(result.message)}
+        out = {"status": result.status, **to_plain(result.message)}
         print(json.dumps(out, ensure_ascii=False, indent=1))
         return 0 if result.ok else 1
     finally:

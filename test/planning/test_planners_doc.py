@@ -4,8 +4,8 @@ The blackboard table is the behaviours' docstring's (scripts/gen_planners_doc.py
 each ``json`` block is an agent's ``mcpServers`` configuration: a stdio entry is accepted by
 the SDK's ``StdioServerParameters`` and the ``reason_mcp`` command it runs takes its arguments,
 an HTTP entry names the server's ``/mcp`` path on a port the page's commands serve, with a
-bearer token off loopback; each ``python`` block compiles. (The shell lines are
-test/test_commands.py's: every flag must be in the command's ``--help``.)
+bearer token off loopback. (The shell lines are test/test_commands.py's: every flag must be in
+the command's ``--help``; the ``python`` blocks run in test/test_documented_python.py.)
 """
 
 from __future__ import annotations
@@ -88,9 +88,3 @@ def test_the_http_configuration_names_a_served_url_and_the_token_off_loopback() 
         if not loopback:
             assert entry["headers"]["Authorization"].startswith("Bearer "), name
 
-
-def test_the_python_blocks_compile() -> None:
-    sources = blocks("python")
-    assert len(sources) >= 2
-    for i, source in enumerate(sources):
-        compile(source, f"PLANNERS.md python block {i}", "exec")

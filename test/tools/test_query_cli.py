@@ -81,7 +81,7 @@ def fake_client(monkeypatch: pytest.MonkeyPatch) -> type[_Client]:
     monkeypatch.setattr(client_module, "ReasonClient", _Client)
     monkeypatch.setattr(rclpy, "init", lambda *a, **k: None)
     monkeypatch.setattr(rclpy, "try_shutdown", lambda *a, **k: None)
-    monkeypatch.setattr(query, "message_to_dict", lambda msg: {})
+    monkeypatch.setattr(query, "to_plain", lambda msg: {})
     return _Client
 
 
