@@ -167,7 +167,9 @@ class ConsoleBridge:
 
     def _subscribe_cameras(self, topics: list[CameraTopics]) -> None:
         """Subscribe to each pane's stream and annotated image (replacing earlier panes)."""
-        for subscription in self._camera_subscriptions:
+        with self._lock:
+            old, self._camera_subscriptions = self._camera_subscriptions, []
+        for subscription in old:
             self.node.destroy_subscription(subscription)
         with self._lock:  # a camera that stays keeps its frames (only its QoS changed)
             cameras = {t.name: self.cameras.get(t.name) or CameraFrames(t.name, *self._history)
@@ -189,8 +191,14 @@ class ConsoleBridge:
                 ANNOTATED_QOS, raw=True))
         with self._lock:
             self.cameras, self.topics = cameras, topics
-        self._camera_subscriptions = subscriptions
+            self._camera_subscriptions = subscriptions
         self._reliability_subscribed = self._reliability
+
+    def stream_reliabilities(self) -> dict[str, ReliabilityPolicy]:
+        """Return each camera subscription's reliability now, by topic."""
+        with self._lock:
+            return {s.topic_name: s.qos_profile.reliability
+                    for s in self._camera_subscriptions}
 
     def _stream_qos(self, topic: str) -> QoSProfile:
         if self._reliability != "auto":

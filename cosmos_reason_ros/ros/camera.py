@@ -136,6 +136,11 @@ class Camera:
                 self._ingest.destroy_subscription(subscription)
             self.subscriptions = []
 
+    def reliabilities(self) -> dict[str, ReliabilityPolicy]:
+        """Each subscription's reliability now, by topic (read under the resubscribe lock)."""
+        with self._lock:
+            return {s.topic_name: s.qos_profile.reliability for s in self.subscriptions}
+
     def _qos(self, wanted: _Wanted) -> QoSProfile:
         if not wanted.follow:
             return wanted.qos

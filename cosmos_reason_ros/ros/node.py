@@ -31,6 +31,7 @@ from the start. States and timings: docs/INTERFACES.md, "Lifecycle".
 from __future__ import annotations
 
 import collections
+import dataclasses
 import functools
 import sys
 import threading
@@ -70,7 +71,7 @@ from cosmos_reason_ros.engines.factory import create_engine
 from cosmos_reason_ros.engines.runner import EngineRunner
 from cosmos_reason_ros.ros import diagnostics, messages, process_life, pylog
 from cosmos_reason_ros.ros.action_results import ResultRequestsActionServer
-from cosmos_reason_ros.ros.camera import CameraSet
+from cosmos_reason_ros.ros.camera import Camera, CameraSet
 from cosmos_reason_ros.ros.config import (
     PARAMS_BY_NAME,
     RUNTIME_PARAMS,
@@ -169,7 +170,7 @@ class ReasonNode(LifecycleNode):
         self.diagnostics_pub = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
         self._diagnostics_group = MutuallyExclusiveCallbackGroup()
         self._diagnostics_timer = self.create_timer(
-            max(0.1, limits["diagnostics.period_s"]), lambda: diagnostics.publish(self),
+            max(0.1, limits["diagnostics.period_s"]), self._publish_diagnostics,
             callback_group=self._diagnostics_group)
         self.add_on_set_parameters_callback(self._on_set_parameters)
 
@@ -245,13 +246,48 @@ class ReasonNode(LifecycleNode):
         self.open_action_server()
         self.destroy_timer(self._diagnostics_timer)  # its period may have changed
         self._diagnostics_timer = self.create_timer(
-            p.diagnostics.period_s, lambda: diagnostics.publish(self),
+            p.diagnostics.period_s, self._publish_diagnostics,
             callback_group=self._diagnostics_group)
 
     @property
     def last_frame_monotonic(self) -> float | None:
         """When the newest colour frame arrived (monotonic), or None."""
         return self.camera.last_frame_monotonic
+
+    def _publish_diagnostics(self) -> None:
+        if not self.context.ok():  # shut down meanwhile
+            return
+        array = DiagnosticArray(status=[diagnostics.node_status(self.report())])
+        array.header.stamp = self.get_clock().now().to_msg()
+        self.diagnostics_pub.publish(array)
+
+    def report(self) -> diagnostics.NodeReport:
+        """Read what ``/diagnostics`` reports, now (only the state unless configured)."""
+        name, state = self.get_fully_qualified_name(), self.lifecycle_state
+        if not self.configured:
+            return diagnostics.NodeReport(name=name, lifecycle_state=state)
+        now_ns, now = self.now_ns(), time.monotonic()
+
+        def camera_report(camera: Camera) -> diagnostics.CameraReport:
+            stats, newest = camera.history.stats(), camera.history.latest()
+            arrived = camera.last_frame_monotonic
+            return diagnostics.CameraReport(
+                name=camera.name, image_topic=camera.image_topic, received=stats.received,
+                stored=stats.frames, newest_stamp_ns=None if newest is None else newest.stamp_ns,
+                silent_s=None if arrived is None else now - arrived)
+
+        return diagnostics.NodeReport(
+            name=name, lifecycle_state=state, configured=True, params=self.params,
+            health=self.runner.health(), model_name=self.runner.model_name, now_ns=now_ns,
+            camera=camera_report(self.camera),
+            named_cameras=tuple(camera_report(c) for c in self.cameras)
+            if self.cameras.named else (),
+            goals_active=self.slots.running, goals_queued=self.slots.queued,
+            counters=self.counters_snapshot(), latencies=tuple(self.latencies),
+            periodic=self.periodic.snapshot(),
+            gc=dataclasses.asdict(self.gc_pauses.stats()),
+            detections_left_out=self.outputs.detections_left_out,
+            prefill=dataclasses.asdict(self.prefill.counts()))
 
     # --- lifecycle -----------------------------------------------------------------------
 

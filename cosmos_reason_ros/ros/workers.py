@@ -11,22 +11,51 @@ import math
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from cosmos_reason_interfaces.msg import ReasoningResult
-from cosmos_reason_ros.core.frames import StoredFrame
-from cosmos_reason_ros.core.pipeline import GoalFields, Source, Stop
+from cosmos_reason_ros.core.admission import GoalSlots
+from cosmos_reason_ros.core.frames import FrameHistory, StoredFrame
+from cosmos_reason_ros.core.params import NodeParams
+from cosmos_reason_ros.core.pipeline import GoalFields, GoalPipeline, Source, Stop
+from cosmos_reason_ros.core.prefill import PrefillPolicy
 from cosmos_reason_ros.core.types import CosmosReasonError, EngineError, FinishReason
+from cosmos_reason_ros.engines.runner import EngineRunner
 from cosmos_reason_ros.ros import messages
+from cosmos_reason_ros.ros.outputs import Outputs
 
-if TYPE_CHECKING:
-    from cosmos_reason_ros.ros.node import ReasonNode
+
+class WorkerHost(Protocol):
+    """What the workers read of the node (``ReasonNode`` is one): nothing else of it."""
+
+    params: NodeParams
+    runner: EngineRunner
+    pipeline: GoalPipeline[Any]
+    outputs: Outputs
+    prefill: PrefillPolicy
+    history: FrameHistory[Any]  # the default camera's
+    slots: GoalSlots
+    context: Any  # rclpy Context: ok() is False once shut down
+
+    @property
+    def stopping(self) -> bool:
+        """True once the node has begun shutting down (or cleaning up)."""
+
+    @property
+    def stopping_event(self) -> threading.Event:
+        """Set when the node begins shutting down."""
+
+    def now_ns(self) -> int:
+        """Return the node clock in nanoseconds."""
+
+    def get_logger(self) -> Any:
+        """Return the node's logger."""
 
 
 class PeriodicRuns:
     """``periodic.*``: ask a fixed question about the latest frame every period, if idle."""
 
-    def __init__(self, node: ReasonNode) -> None:
+    def __init__(self, node: WorkerHost) -> None:
         """Attach to ``node``; the node's timer calls :meth:`on_timer`."""
         self.node = node
         self.busy = threading.Event()
@@ -125,7 +154,7 @@ class PrefillWorker:
     when to give way to a goal) is ``core/prefill.PrefillPolicy``.
     """
 
-    def __init__(self, node: ReasonNode, busy: Callable[[], bool]) -> None:
+    def __init__(self, node: WorkerHost, busy: Callable[[], bool]) -> None:
         """``busy`` says whether goals or periodic runs hold the engine."""
         self.node = node
         self.busy = busy

@@ -74,8 +74,7 @@ def test_a_console_follows_the_cameras_publishers_when_the_node_does() -> None:
             bridge = console.bridge
             wait_until(lambda: bridge._reliability_subscribed == "auto", WAIT_S,
                        "the console read the node's image.qos_reliability")
-            streams = {s.topic_name: s.qos_profile.reliability
-                       for s in bridge._camera_subscriptions}
+            streams = bridge.stream_reliabilities()
             assert streams["/image"] == ReliabilityPolicy.RELIABLE, streams
             ws = await client.ws_connect("/ws")
             await next_json(ws, "hello")

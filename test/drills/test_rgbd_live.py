@@ -143,8 +143,8 @@ def test_a_live_rgbd_camera_gets_every_ground_goal_lifted(reliability, record):
         seconds = time.monotonic() - streaming
         depth_rate = (node.camera.depth_history.stats().received - depth_before) / seconds
         colour_rate = (node.history.stats().received - colour_before) / seconds
-        subscribed = {s.topic_name: s.qos_profile.reliability.name
-                      for s in node.camera.subscriptions}
+        subscribed = {topic: reliability.name
+                      for topic, reliability in node.camera.reliabilities().items()}
     finally:
         camera.stdin.close()
         try:

@@ -185,8 +185,8 @@ def test_a_box_on_a_plane_is_lifted_and_published_in_3d(rig):
 
 def reliabilities(r: Rig) -> dict[str, Any]:
     """The node's depth and CameraInfo subscriptions' reliability, by topic."""
-    return {s.topic_name: s.qos_profile.reliability for s in r.n.node.camera.subscriptions
-            if s.topic_name in ("/depth/image", "/camera_info")}
+    return {topic: reliability for topic, reliability in r.n.node.camera.reliabilities().items()
+            if topic in ("/depth/image", "/camera_info")}
 
 
 def test_depth_and_camera_info_are_subscribed_reliable_like_rgbd_drivers_publish(rig):
@@ -232,9 +232,7 @@ def test_the_colour_stream_follows_its_publishers_reliability_by_default():
     n = InProcessNode({"image.qos_reliability": "auto"})
     try:
         def colour() -> Any:
-            (reliability,) = [s.qos_profile.reliability for s in n.node.camera.subscriptions
-                              if s.topic_name == "/image"]
-            return reliability
+            return n.node.camera.reliabilities()["/image"]
 
         assert colour() == ReliabilityPolicy.RELIABLE
         camera = n.side.node.create_publisher(Image, "/image", qos_profile_sensor_data)

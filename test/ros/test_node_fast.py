@@ -315,7 +315,7 @@ def test_diagnostics_count_outcomes(make_node):
     n.ask(prompt="")  # refused: empty prompt
     from cosmos_reason_ros.ros.diagnostics import node_status
 
-    values = {kv.key: kv.value for kv in node_status(n.node).values}
+    values = {kv.key: kv.value for kv in node_status(n.node.report()).values}
     assert values["goals_succeeded"] == "1" and values["goals_rejected"] == "1"
     assert values["engine_state"] == "ready" and values["frames_received"] == "1"
     assert values["ttft_p50_s"] != ""
@@ -327,12 +327,12 @@ def test_diagnostics_name_the_node_by_its_path_and_an_engine_problem_is_an_error
     n = make_node()
     n.publish()
     n.wait_frames(1)
-    status = node_status(n.node)
+    status = node_status(n.node.report())
     assert status.name == "/cosmos_reason: visual reasoning"
     assert status.level == DiagnosticStatus.OK, status.message
     rejected = "http://server:8000/v1 returned HTTP 401: API key rejected; check CR_KEY"
     n.engine.problems = (rejected,)
-    status = node_status(n.node)
+    status = node_status(n.node.report())
     assert status.level == DiagnosticStatus.ERROR and rejected in status.message
     values = {kv.key: kv.value for kv in status.values}
     assert values["engine_state"] == "ready"
@@ -390,5 +390,5 @@ def test_degenerate_boxes_stay_in_the_result_and_are_counted_in_diagnostics(make
     status, result = n.ask(task="ground", targets=["cup", "line"])
     assert status == GoalStatus.STATUS_SUCCEEDED
     assert [b.degenerate for b in result.boxes] == [False, True]
-    values = {kv.key: kv.value for kv in node_status(n.node).values}
+    values = {kv.key: kv.value for kv in node_status(n.node.report()).values}
     assert values["detections_left_out"] == "1"

@@ -313,7 +313,7 @@ def test_diagnostics_report_every_camera_and_a_silent_one(make_node):
     n = make_node()
     n.publish(camera="front", **FRONT)
     n.wait_frames(1, camera="front")
-    status = node_status(n.node)
+    status = node_status(n.node.report())
     values = {kv.key: kv.value for kv in status.values}
     assert (values["front.frames_received"], values["wrist.frames_received"]) == ("1", "0")
     assert values["front.frame_age_s"] != "" and values["wrist.frame_age_s"] == ""

@@ -54,7 +54,7 @@ def periodic_results(n: InProcessNode) -> list:
 
 
 def diag(n: InProcessNode) -> dict[str, str]:
-    return {kv.key: kv.value for kv in node_status(n.node).values}
+    return {kv.key: kv.value for kv in node_status(n.node.report()).values}
 
 
 def wait_writer_matched(n: InProcessNode) -> None:

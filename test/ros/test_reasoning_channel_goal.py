@@ -30,7 +30,7 @@ def test_boxes_only_in_the_reasoning_channel_reach_the_result_and_diagnostics():
         assert status == GoalStatus.STATUS_SUCCEEDED
         assert [b.label for b in result.boxes] == ["red cup"]
         assert any("reasoning channel" in p for p in result.parse_problems)
-        diag = node_status(node.node)
+        diag = node_status(node.node.report())
         values = {kv.key: kv.value for kv in diag.values}
         assert values["goals_answered_from_reasoning"] == "1"
         assert diag.level == DiagnosticStatus.WARN and "reasoning channel" in diag.message
