@@ -20,9 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
-from cosmos_reason_ros.core.models import detect_profile
-from cosmos_reason_ros.core.params import NodeParams
-from cosmos_reason_ros.ros.config import (
+from cosmos_reason_ros.config import (
     PARAMS,
     PARAMS_BY_NAME,
     PRESET_KEY,
@@ -31,6 +29,8 @@ from cosmos_reason_ros.ros.config import (
     load_yaml_params,
     validate,
 )
+from cosmos_reason_ros.core.models import detect_profile
+from cosmos_reason_ros.core.params import NodeParams
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIG_DIR = REPO / "config"

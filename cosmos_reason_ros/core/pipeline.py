@@ -180,7 +180,7 @@ class Settings:
     @classmethod
     def from_params(cls, p: NodeParams, profile: ModelProfile,
                     node_name: str = "") -> Settings:
-        """Build from the validated node parameters (``ros/config.validate``).
+        """Build from the validated node parameters (``config.validate``).
 
         ``node_name`` (the node's fully qualified name) prefixes the routing keys unless
         ``engine.session_key`` names another prefix.
@@ -796,7 +796,7 @@ class GoalPipeline(Generic[P]):
 def _images_per_prompt(p: NodeParams) -> int:
     """Return the engine's images per prompt (``limit_mm_per_prompt``'s "image"; 0: not set).
 
-    ``ros/config.validate`` has already raised it to the number of cameras where it was left
+    ``config.validate`` has already raised it to the number of cameras where it was left
     at its default; the value is a checked JSON object.
     """
     limits = json.loads(p.engine.limit_mm_per_prompt or "{}")

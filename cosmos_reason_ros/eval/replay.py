@@ -607,15 +607,10 @@ class OfflineRunner:
         ``cfg.params`` override the preset's parameters (e.g. ``depth.enabled``). With depth
         on, the bag's depth and CameraInfo topics are chosen before the engine starts.
         """
+        from cosmos_reason_ros.config import ConfigError, engine_options, load_yaml_params, validate
         from cosmos_reason_ros.core.models import detect_profile
         from cosmos_reason_ros.engines.factory import create_engine
         from cosmos_reason_ros.engines.runner import EngineRunner
-        from cosmos_reason_ros.ros.config import (
-            ConfigError,
-            engine_options,
-            load_yaml_params,
-            validate,
-        )
 
         self.cfg = cfg
         try:

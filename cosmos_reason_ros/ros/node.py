@@ -50,6 +50,13 @@ from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
 
 from cosmos_reason_interfaces.action import Reason
 from cosmos_reason_interfaces.msg import ReasoningResult
+from cosmos_reason_ros.config import (
+    PARAMS_BY_NAME,
+    RUNTIME_PARAMS,
+    ConfigError,
+    engine_options,
+    validate,
+)
 from cosmos_reason_ros.core import cdr, parsing
 from cosmos_reason_ros.core.admission import GoalSlots
 from cosmos_reason_ros.core.answer3d import DepthLifter
@@ -72,15 +79,7 @@ from cosmos_reason_ros.engines.runner import EngineRunner
 from cosmos_reason_ros.ros import diagnostics, messages, process_life, pylog
 from cosmos_reason_ros.ros.action_results import ResultRequestsActionServer
 from cosmos_reason_ros.ros.camera import Camera, CameraSet
-from cosmos_reason_ros.ros.config import (
-    PARAMS_BY_NAME,
-    RUNTIME_PARAMS,
-    ConfigError,
-    declare_and_load,
-    declared_values,
-    engine_options,
-    validate,
-)
+from cosmos_reason_ros.ros.config import declare_and_load, declared_values
 from cosmos_reason_ros.ros.gcwatch import GcPauses, freeze_heap
 from cosmos_reason_ros.ros.outputs import Outputs
 from cosmos_reason_ros.ros.target_frame import TargetFrame

@@ -1,6 +1,6 @@
 """The typed parameters (core/params.py): current with the table, complete, frozen, round-trip.
 
-``core/params.py`` is generated from ``ros/config.PARAMS`` by ``scripts/gen_params.py``; these
+``core/params.py`` is generated from ``config.PARAMS`` by ``scripts/gen_params.py``; these
 tests fail when the committed file is stale, when a field's type or name drifts from the
 table, and when ``validate`` stops returning the frozen structure or changes its messages.
 """
@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from cosmos_reason_ros.config import PARAMS, PARAMS_BY_NAME, ConfigError, validate
 from cosmos_reason_ros.core import params as params_module
 from cosmos_reason_ros.core.params import NAMES, SECTIONS, NodeParams
-from cosmos_reason_ros.ros.config import PARAMS, PARAMS_BY_NAME, ConfigError, validate
 
 REPO = Path(__file__).resolve().parents[2]
 HUB_MODEL = "nvidia/Cosmos-Reason2-2B"  # a vllm model value that needs no files

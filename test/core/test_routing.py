@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
+from cosmos_reason_ros.config import ConfigError, validate
 from cosmos_reason_ros.core import routing
-from cosmos_reason_ros.ros.config import ConfigError, validate
 
 HUB_MODEL = "nvidia/Cosmos-Reason2-2B"
 

@@ -33,7 +33,7 @@ from fake_engine import TASK_ANSWERS, answers_the_task  # noqa: E402
 from inprocess_node import BASE_PARAMS, InProcessNode  # noqa: E402
 
 from cosmos_reason_interfaces.msg import ReasoningResult  # noqa: E402
-from cosmos_reason_ros.ros.config import PARAMS_BY_NAME  # noqa: E402
+from cosmos_reason_ros.config import PARAMS_BY_NAME  # noqa: E402
 
 pytestmark = [pytest.mark.ros, pytest.mark.slow]
 

@@ -24,11 +24,11 @@ from sensor_msgs.msg import Image  # noqa: E402
 from waiting import wait_until  # noqa: E402
 
 from cosmos_reason_interfaces.action import Reason  # noqa: E402
+from cosmos_reason_ros.config import ConfigError, validate  # noqa: E402
 from cosmos_reason_ros.core.annotate import draw_annotations  # noqa: E402
 from cosmos_reason_ros.core.models import COSMOS_REASON2  # noqa: E402
 from cosmos_reason_ros.core.pipeline import Settings  # noqa: E402
 from cosmos_reason_ros.core.types import ErrorCode  # noqa: E402
-from cosmos_reason_ros.ros.config import ConfigError, validate  # noqa: E402
 
 pytestmark = [pytest.mark.ros]
 Goal = Reason.Goal

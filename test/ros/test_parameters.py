@@ -32,16 +32,16 @@ from rcl_interfaces.srv import (  # noqa: E402
 from rclpy.context import Context  # noqa: E402
 from rclpy.parameter import Parameter  # noqa: E402
 
-from cosmos_reason_ros.core.params import NodeParams  # noqa: E402
-from cosmos_reason_ros.ros.config import (  # noqa: E402
+from cosmos_reason_ros.config import (  # noqa: E402
     PARAMS,
     RUNTIME_PARAMS,
     ConfigError,
     Range,
-    declare_and_load,
     load_yaml_params,
     validate,
 )
+from cosmos_reason_ros.core.params import NodeParams  # noqa: E402
+from cosmos_reason_ros.ros.config import declare_and_load  # noqa: E402
 
 pytestmark = [pytest.mark.ros]
 

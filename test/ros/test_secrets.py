@@ -14,8 +14,8 @@ import uuid
 
 import pytest
 
+from cosmos_reason_ros.config import PARAMS_BY_NAME
 from cosmos_reason_ros.core import prompts
-from cosmos_reason_ros.ros.config import PARAMS_BY_NAME
 
 SECRET = f"sk-secret-{uuid.uuid4().hex}"
 KEY_ENV = "COSMOS_SECRETS_TEST_KEY"
