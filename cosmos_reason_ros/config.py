@@ -31,7 +31,7 @@ from cosmos_reason_ros.core.models import looks_like_local_path, missing_path_hi
 from cosmos_reason_ros.core.params import EngineParams, NodeParams
 from cosmos_reason_ros.core.prompts import DEFAULT_TASK
 from cosmos_reason_ros.core.tasks import find_spec
-from cosmos_reason_ros.engines.factory import ENGINE_KINDS
+from cosmos_reason_ros.engines.factory import ENGINE_KINDS, create_engine
 
 # The key of every preset: applies to the node under any namespace and node name. ROS 2
 # Humble's rclpy applies only '/**' and the node's exact fully qualified name from a
@@ -576,6 +576,18 @@ def engine_options(e: EngineParams) -> dict[str, Any]:
         "warmup_image_height": e.warmup_height,
         "shutdown_timeout_s": e.shutdown_timeout_s,
     }
+
+
+def create_configured_engine(e: EngineParams) -> Any:
+    """Build (not start) the engine ``engine.*`` describes, through ``engines/factory``.
+
+    The engine's own config checks (e.g. ``api_key_env`` naming no variable) raise
+    ``ConfigError``, as a bad parameter does.
+    """
+    try:
+        return create_engine(e.kind, engine_options(e))
+    except ValueError as err:
+        raise ConfigError(f"invalid engine.* parameters: {err}") from err
 
 
 def _flatten(prefix: str, tree: Mapping[str, Any], out: dict[str, Any]) -> None:

@@ -25,13 +25,13 @@ class EngineBench:
                  engine: Any = None) -> None:
         """Build (not start) the engine (or use ``engine``)."""
         from cosmos_reason_ros.core.models import detect_profile
+        from cosmos_reason_ros.engines.factory import create_engine
         from cosmos_reason_ros.engines.runner import EngineRunner
-        from cosmos_reason_ros.engines.vllm_local import VllmLocalConfig, VllmLocalEngine
 
         options = {k: v for k, v in settings.items() if v is not None}
         options.update(model=model, served_model_name=SERVED_NAME, extra_engine_args=extras)
         self.profile = detect_profile(model, None)
-        self.runner = EngineRunner(engine or VllmLocalEngine(VllmLocalConfig.from_dict(options)))
+        self.runner = EngineRunner(engine or create_engine("vllm", options))
         # Requests are built by the node's pipeline (goal image source: no history needed).
         self.pipeline: GoalPipeline[Any] = GoalPipeline(
             Settings(self.profile, query.QueryLimits(max_tokens=1024)), self.runner,

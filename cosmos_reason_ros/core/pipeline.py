@@ -348,6 +348,30 @@ class GoalPipeline(Generic[P]):
                    source_name or default, lifter, to_target_frame, cameras=cameras,
                    max_skew_s=max_skew_s)
 
+    @classmethod
+    def from_params(cls, p: NodeParams, profile: ModelProfile, runner: Any,
+                    cameras: Mapping[str, FrameHistory[P]],
+                    read_frame: Callable[[P], ImageMessage], clock_ns: Callable[[], int], *,
+                    node_name: str = "", depth_history: FrameHistory[P] | None = None,
+                    camera_model: Callable[[], Any] | None = None,
+                    prefill: PrefillPolicy | None = None, source_name: str = "",
+                    to_target_frame: Callable[[Answer3D, int], Answer3D] | None = None,
+                    ) -> GoalPipeline[P]:
+        """Compose the pipeline from the node's parameters: the node's and replay's one way.
+
+        Settings from ``p`` (``node_name`` prefixes the routing keys); with ``depth.enabled``
+        and a ``depth_history``, a lifter over it with the colour camera's intrinsics from
+        ``camera_model()``. The rest as :meth:`for_cameras`.
+        """
+        settings = Settings.from_params(p, profile, node_name)
+        lifter = None if settings.depth is None or depth_history is None \
+            else DepthLifter(settings.depth, depth_history, read_frame,
+                             camera_model or (lambda: None))
+        return cls.for_cameras(settings, runner, cameras, read_frame, clock_ns,
+                               max_skew_s=p.cameras.max_skew_s, prefill=prefill,
+                               source_name=source_name, lifter=lifter,
+                               to_target_frame=to_target_frame)
+
     @property
     def default_camera(self) -> str:
         """The camera a goal without ``cameras`` is about (the first configured)."""

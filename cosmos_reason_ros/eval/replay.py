@@ -67,7 +67,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cosmos_reason_ros.core.answer3d import Answer3D, DepthLifter, LiftCode
+from cosmos_reason_ros.core.answer3d import Answer3D, LiftCode
 from cosmos_reason_ros.core.cameras import DEFAULT_CAMERA, camera_name_problem
 from cosmos_reason_ros.core.lifting import Lifted
 from cosmos_reason_ros.core.rgbd import CameraModel
@@ -607,9 +607,13 @@ class OfflineRunner:
         ``cfg.params`` override the preset's parameters (e.g. ``depth.enabled``). With depth
         on, the bag's depth and CameraInfo topics are chosen before the engine starts.
         """
-        from cosmos_reason_ros.config import ConfigError, engine_options, load_yaml_params, validate
+        from cosmos_reason_ros.config import (
+            ConfigError,
+            create_configured_engine,
+            load_yaml_params,
+            validate,
+        )
         from cosmos_reason_ros.core.models import detect_profile
-        from cosmos_reason_ros.engines.factory import create_engine
         from cosmos_reason_ros.engines.runner import EngineRunner
 
         self.cfg = cfg
@@ -640,8 +644,10 @@ class OfflineRunner:
             if p.depth.target_frame:
                 _LOG.warning("depth.target_frame=%s is ignored offline (no tf): positions stay "
                              "in the camera's optical frame", p.depth.target_frame)
-        self.runner = EngineRunner(engine or create_engine(p.engine.kind,
-                                                           engine_options(p.engine)))
+        try:
+            self.runner = EngineRunner(engine or create_configured_engine(p.engine))
+        except ConfigError as e:
+            raise ReplayError(f"--preset/--model/--param: {e}", EXIT_BAD_INPUT) from e
         try:
             self.runner.start(timeout_s=p.engine.start_timeout_s)
         except CosmosReasonError as e:
@@ -662,7 +668,7 @@ class OfflineRunner:
         """
         from cosmos_reason_ros.core.cdr import header_stamp_ns, read_stored_frame
         from cosmos_reason_ros.core.frames import FrameHistory
-        from cosmos_reason_ros.core.pipeline import GoalPipeline, Settings
+        from cosmos_reason_ros.core.pipeline import GoalPipeline
 
         p = self.params
         now = [info.start_ns]
@@ -674,13 +680,11 @@ class OfflineRunner:
                                max_bytes=int(p.image.history_mb * 2**20), clock=lambda: now[0])
             for name in camera_topics}
         by_topic = {topic: histories[name] for name, topic in camera_topics.items()}
-        settings = Settings.from_params(p, self.profile)
         depth_history: FrameHistory[tuple[bool, bytes]] | None = None
         camera = _CameraInfoReader(p.depth.rectified)
-        lifter = None
         topics = list(by_topic)
         depth_topic = ""
-        if self.depth_topics is not None and settings.depth is not None:
+        if self.depth_topics is not None:
             depth_topic = self.depth_topics[0]
             clash = sorted(set(topics) & set(self.depth_topics))
             if clash:
@@ -688,13 +692,11 @@ class OfflineRunner:
                                   f"camera_info topic", EXIT_BAD_INPUT)
             depth_history = FrameHistory(max_frames=p.depth.history_frames,
                                          clock=lambda: now[0])
-            lifter = DepthLifter(settings.depth, depth_history, read_stored_frame,
-                                 camera.model)
             topics += list(self.depth_topics)
         default = next(iter(camera_topics))
-        self.pipeline = GoalPipeline.for_cameras(
-            settings, self.runner, histories, read_stored_frame, lambda: now[0],
-            max_skew_s=p.cameras.max_skew_s, lifter=lifter,
+        self.pipeline = GoalPipeline.from_params(
+            p, self.profile, self.runner, histories, read_stored_frame, lambda: now[0],
+            depth_history=depth_history, camera_model=camera.model,
             source_name=f"{default} ({image_topic})" if self.cfg.cameras else image_topic)
         stream: Iterator[tuple[str, str, int, bytes]] = bagio.messages(info.path, topics)
         ahead = next(stream, None)

@@ -54,12 +54,11 @@ from cosmos_reason_ros.config import (
     PARAMS_BY_NAME,
     RUNTIME_PARAMS,
     ConfigError,
-    engine_options,
+    create_configured_engine,
     validate,
 )
 from cosmos_reason_ros.core import cdr, parsing
 from cosmos_reason_ros.core.admission import GoalSlots
-from cosmos_reason_ros.core.answer3d import DepthLifter
 from cosmos_reason_ros.core.models import ModelProfile, detect_profile
 from cosmos_reason_ros.core.params import NodeParams
 from cosmos_reason_ros.core.pipeline import GoalPipeline, Settings, Stage, Stop, interrupted
@@ -74,7 +73,6 @@ from cosmos_reason_ros.core.types import (
     RequestCancelledError,
 )
 from cosmos_reason_ros.engines.base import Engine
-from cosmos_reason_ros.engines.factory import create_engine
 from cosmos_reason_ros.engines.runner import EngineRunner
 from cosmos_reason_ros.ros import diagnostics, messages, process_life, pylog
 from cosmos_reason_ros.ros.action_results import ResultRequestsActionServer
@@ -201,13 +199,7 @@ class ReasonNode(LifecycleNode):
         except CosmosReasonError as e:
             raise ConfigError(f"model.family/engine.model: {e.message}") from e
         self.slots = GoalSlots(p.limits.max_concurrent_goals, p.limits.max_queued_goals)
-        engine = self._engine
-        if engine is None:
-            try:
-                engine = create_engine(p.engine.kind, engine_options(p.engine))
-            except ValueError as e:  # the engine's own config checks (e.g. api_key_env)
-                raise ConfigError(f"invalid engine.* parameters: {e}") from e
-        self.runner = EngineRunner(engine)
+        self.runner = EngineRunner(self._engine or create_configured_engine(p.engine))
         self.prefill = PrefillPolicy(skip_while_busy=p.prefill.skip_while_busy)
         before = set(self.publishers)
         # Frames are taken on a node and executor of their own (same process and DDS
@@ -224,17 +216,16 @@ class ReasonNode(LifecycleNode):
                                  subscribe=False)
         self.camera = self.cameras.default  # prefill, periodic runs and 3D use this one
         self.history = self.camera.history
-        settings = Settings.from_params(p, self.profile, self.get_fully_qualified_name())
-        lifter = None if settings.depth is None or self.camera.depth_history is None \
-            else DepthLifter(settings.depth, self.camera.depth_history, cdr.read_stored_frame,
-                             self.camera.camera_model)
         target_frame = TargetFrame(self, p.depth.target_frame, p.depth.tf_timeout_s)
-        self.pipeline = GoalPipeline.for_cameras(
-            settings, self.runner, self.cameras.histories, cdr.read_stored_frame, self.now_ns,
-            max_skew_s=p.cameras.max_skew_s, prefill=self.prefill,
-            source_name=self.cameras.source_name, lifter=lifter,
+        self.pipeline = GoalPipeline.from_params(
+            p, self.profile, self.runner, self.cameras.histories, cdr.read_stored_frame,
+            self.now_ns, node_name=self.get_fully_qualified_name(),
+            depth_history=self.camera.depth_history, camera_model=self.camera.camera_model,
+            prefill=self.prefill, source_name=self.cameras.source_name,
             to_target_frame=target_frame.apply)
-        self.cameras.log_limits(self.get_logger(), p, settings.limits.images_per_request)
+        lifter = self.pipeline.lifter
+        self.cameras.log_limits(self.get_logger(), p,
+                                self.pipeline.settings.limits.images_per_request)
         self.periodic = PeriodicRuns(self)
         self.prefill_worker = PrefillWorker(self, busy=lambda: bool(
             self.slots.running or self.slots.queued or self.periodic.busy.is_set()))

@@ -5,8 +5,9 @@ from __future__ import annotations
 import contextlib
 import json
 import struct
+import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 from aiohttp import WSMsgType
@@ -59,3 +60,22 @@ async def console_session(token: str | None = None, fps: float = 10.0
         yield console, client
     finally:
         await client.close()
+
+
+@contextlib.contextmanager
+def publishing(publish_once: Callable[[], object], period_s: float = 0.05) -> Iterator[None]:
+    """Call ``publish_once`` every ``period_s`` on a thread of its own (a live camera)."""
+    stop = threading.Event()
+
+    def publish() -> None:
+        while not stop.is_set():
+            publish_once()
+            stop.wait(period_s)
+
+    thread = threading.Thread(target=publish, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(5.0)

@@ -10,12 +10,18 @@ frame.
 from __future__ import annotations
 
 import asyncio
-import threading
+import time
 
 import pytest
 
 rclpy = pytest.importorskip("rclpy", reason="needs the ROS 2 wheels (make setup)")
-from console_client import console_session, next_json, next_picture  # noqa: E402
+from console_client import (  # noqa: E402
+    WAIT_S,
+    console_session,
+    next_json,
+    next_picture,
+    publishing,
+)
 from fake_engine import answers_the_task  # noqa: E402
 from inprocess_node import InProcessNode  # noqa: E402
 
@@ -33,23 +39,23 @@ def node():
 
 
 def test_one_pane_per_named_camera_and_answers_keep_each_frame(node) -> None:
-    stop = threading.Event()
     stamps: dict[str, list[int]] = {name: [] for name in CAMERAS}
 
-    def publish() -> None:  # both cameras at 20 Hz, each its own size
-        while not stop.is_set():
-            for name, (width, height) in zip(CAMERAS, ((64, 48), (32, 24)), strict=True):
-                stamps[name].append(node.publish(camera=name, width=width, height=height))
-            stop.wait(0.05)
+    def publish() -> None:  # both cameras (at 20 Hz), each its own size
+        for name, (width, height) in zip(CAMERAS, ((64, 48), (32, 24)), strict=True):
+            stamps[name].append(node.publish(camera=name, width=width, height=height))
 
     async def test() -> None:
         async with console_session(fps=20.0) as (_, client):
             ws = await client.ws_connect("/ws")
+            deadline = time.monotonic() + WAIT_S
             hello = await next_json(ws, "hello")
             while hello["cameras"] != CAMERAS:  # until the node's parameters are read
+                assert time.monotonic() < deadline, f"the panes stayed {hello['cameras']}"
                 hello = await next_json(ws, "hello")
             seen: dict[str, int] = {}
             while set(seen) != set(CAMERAS):
+                assert time.monotonic() < deadline, f"pictures only of {sorted(seen)}"
                 header, _ = await next_picture(ws)
                 seen[header["camera"]] = int(header["stamp"])
             assert all(seen[name] in stamps[name] for name in CAMERAS)
@@ -67,10 +73,5 @@ def test_one_pane_per_named_camera_and_answers_keep_each_frame(node) -> None:
                 assert response.status == 200
             await ws.close()
 
-    thread = threading.Thread(target=publish, daemon=True)
-    thread.start()
-    try:
+    with publishing(publish):
         asyncio.run(test())
-    finally:
-        stop.set()
-        thread.join(5.0)

@@ -10,12 +10,17 @@ publishers' reliability (``image.qos_reliability: auto``), the console does too.
 from __future__ import annotations
 
 import asyncio
-import threading
 
 import pytest
 
 rclpy = pytest.importorskip("rclpy", reason="needs the ROS 2 wheels (make setup)")
-from console_client import WAIT_S, console_session, next_json, next_picture  # noqa: E402
+from console_client import (  # noqa: E402
+    WAIT_S,
+    console_session,
+    next_json,
+    next_picture,
+    publishing,
+)
 from fake_engine import answers_the_task  # noqa: E402
 from inprocess_node import InProcessNode  # noqa: E402
 from rclpy.qos import ReliabilityPolicy  # noqa: E402
@@ -29,13 +34,7 @@ REMAPPED = "/front/image_raw"
 def test_a_console_without_a_topic_shows_the_nodes_remapped_camera() -> None:
     node = InProcessNode({"image.max_age_s": 0.0, "diagnostics.period_s": 0.2},
                          script=answers_the_task, image_topic=REMAPPED)
-    stop = threading.Event()
-    stamps: list[int] = []
-
-    def publish() -> None:  # the remapped camera at 20 Hz
-        while not stop.is_set():
-            stamps.append(node.publish())
-            stop.wait(0.05)
+    stamps: list[int] = []  # the remapped camera's, published at 20 Hz
 
     async def test() -> None:
         async with console_session(fps=20.0) as (console, client):
@@ -46,13 +45,10 @@ def test_a_console_without_a_topic_shows_the_nodes_remapped_camera() -> None:
             assert console.bridge.topics[0].stream_topic == REMAPPED
             await ws.close()
 
-    thread = threading.Thread(target=publish, daemon=True)
-    thread.start()
     try:
-        asyncio.run(test())
+        with publishing(lambda: stamps.append(node.publish())):
+            asyncio.run(test())
     finally:
-        stop.set()
-        thread.join(5.0)
         node.close()
 
 
@@ -61,13 +57,7 @@ def test_a_console_follows_the_cameras_publishers_when_the_node_does() -> None:
     # (reliable here), not best effort, which loses most large frames between processes.
     node = InProcessNode({"image.qos_reliability": "auto", "diagnostics.period_s": 0.2},
                          script=answers_the_task)
-    stop = threading.Event()
-    stamps: list[int] = []
-
-    def publish() -> None:  # the node's reliable camera at 20 Hz
-        while not stop.is_set():
-            stamps.append(node.publish())
-            stop.wait(0.05)
+    stamps: list[int] = []  # the node's reliable camera's, published at 20 Hz
 
     async def test() -> None:
         async with console_session(fps=20.0) as (console, client):
@@ -82,11 +72,8 @@ def test_a_console_follows_the_cameras_publishers_when_the_node_does() -> None:
             assert int(header["stamp"]) in stamps
             await ws.close()
 
-    thread = threading.Thread(target=publish, daemon=True)
-    thread.start()
     try:
-        asyncio.run(test())
+        with publishing(lambda: stamps.append(node.publish())):
+            asyncio.run(test())
     finally:
-        stop.set()
-        thread.join(5.0)
         node.close()
