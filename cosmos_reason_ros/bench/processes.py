@@ -150,6 +150,28 @@ def _ros_value(value: Any) -> str:
     return str(value)
 
 
+# The bench's node queues this many goals beyond its running ones (limits.max_queued_goals).
+NODE_MAX_QUEUED_GOALS = 64
+
+
+def node_executor_threads(max_goals: int) -> int:
+    """Return the goal executor threads of the node ``start_node(..., max_goals)`` starts."""
+    from cosmos_reason_ros.ros.node import TRANSITION_SPARE, threads_for_goals
+
+    return threads_for_goals(max_goals, NODE_MAX_QUEUED_GOALS, TRANSITION_SPARE)
+
+
+def start_floor_server(result_file: Path, max_goals: int, log_dir: Path) -> Proc:
+    """Start the transport floor's action server (``bench/floor.py``) as the node is started.
+
+    Its own process, with the executor of the node ``start_node(..., max_goals)`` starts,
+    returning the result stored in ``result_file``.
+    """
+    return Proc("floor", [sys.executable, "-m", "cosmos_reason_ros.bench.floor",
+                          "--result-file", str(result_file),
+                          "--threads", str(node_executor_threads(max_goals))], log_dir)
+
+
 def start_node(model: str, device: str, settings: dict[str, Any], extras: dict[str, Any],
                log_dir: Path, max_goals: int, wrist_camera: bool = False) -> Proc:
     """Start the node process from the device's preset with the run's engine settings.
@@ -164,7 +186,8 @@ def start_node(model: str, device: str, settings: dict[str, Any], extras: dict[s
         "engine.model": model, "engine.served_model_name": SERVED_NAME,
         "engine.start_timeout_s": 1200.0,
         "image.qos_reliability": "reliable", "image.qos_depth": 1, "image.max_age_s": 0.0,
-        "limits.max_concurrent_goals": max_goals, "limits.max_queued_goals": 64,
+        "limits.max_concurrent_goals": max_goals,
+        "limits.max_queued_goals": NODE_MAX_QUEUED_GOALS,
         "limits.max_tokens": 1024, "limits.goal_timeout_s": 600.0,
         "limits.feedback_rate_hz": 10.0, "limits.fixed_output_length": True,
         # Off except in the prefill mode, which switches it at runtime: elsewhere it would

@@ -35,6 +35,13 @@ def client_ttft(e2e_s: float, result: Any) -> float | None:
     return e2e_s - result.total_s + result.time_to_first_token_s
 
 
+def latency_goal(prompt: str, max_tokens: int, cameras: Sequence[str] = ()) -> Any:
+    """Build the goal the bench asks the node (and the transport floor): a question, greedy."""
+    from cosmos_reason_ros.client import ReasonClient
+
+    return ReasonClient.goal(prompt, "vqa", cameras=cameras, max_tokens=max_tokens, greedy=True)
+
+
 def submit_goal(client: Any, prompt: str, max_tokens: int, cameras: Sequence[str] = ()
                 ) -> Callable[[], dict[str, Any]]:
     """Send one goal on the latest frame through ``client`` (a ReasonClient).
@@ -42,7 +49,7 @@ def submit_goal(client: Any, prompt: str, max_tokens: int, cameras: Sequence[str
     ``cameras`` names the node's cameras to ask about (empty: its default camera). The
     returned function waits for its result and returns the sample's figures.
     """
-    goal = client.goal(prompt, "vqa", cameras=cameras, max_tokens=max_tokens, greedy=True)
+    goal = latency_goal(prompt, max_tokens, cameras)
     first: list[float] = []
     t0 = time.monotonic()
 

@@ -3,6 +3,7 @@
     bench --out out/bench                                   # CPU, the tiny model, every mode
     bench --device gpu --model /root/m2b --time-budget-s 450 --out /tmp/bench
     bench --modes engine,node --repeats 3 --sizes 640x480   # a quick look
+    bench --modes floor --sizes 640x480,1280x720 --lengths short --repeats 30  # transport floor
     bench --modes fleet --fleet-robots 4 --repeats 8 --sizes 640x480  # routing policies
 
 One process run starts what it needs, in parallel (starts are the slow part): the in-process
@@ -11,9 +12,16 @@ vLLM engine (engine-only mode, in this process), the node as its own process
 baseline node (``bench/baseline.py``). Then the modes run, interleaved request by request
 (round-robin, rotating order) so machine drift hits every mode alike:
 
-- ``engine``: the package's query pipeline and ``EngineRunner`` called directly (the floor);
+- ``engine``: the package's query pipeline and ``EngineRunner`` called directly (the node's
+  reference: its work without the node);
 - ``node``: ReasonClient -> action -> node -> engine, the image from the camera topic;
 - ``baseline``: ask -> the baseline node JPEG-encodes, base64s and POSTs to ``vllm serve``;
+- ``floor``: a bare rclpy action (``bench/floor.py``: the node's action type, QoS, executor
+  and process layout; its execute callback returns a short answer's result at once) asked in
+  the same rotation on short answers, with the node and the engine it is compared with
+  (started for it when not named): node - engine and node - engine - floor (what the node
+  adds beyond the engine's work and rclpy's own action) from one run, each with its paired
+  95 % interval, against node - engine - floor <= 1 ms;
 - ``concurrency``: 1, 2, 4, 8 (16 on GPU) simultaneous goals (and engine requests);
 - ``second``: a second question about the same frame (prefix / vision cache effect);
 - ``cameras``: goals about one camera vs two (a front view at 640x480, or the first size, plus
@@ -80,26 +88,30 @@ from cosmos_reason_ros.bench.plots import plot
 from cosmos_reason_ros.bench.processes import (
     Proc,
     free_port,
+    start_floor_server,
     start_node,
     start_server,
     wait_healthy,
 )
 from cosmos_reason_ros.bench.results import Budget, Results, atomic_write
-from cosmos_reason_ros.bench.ros_side import RosSide
+from cosmos_reason_ros.bench.ros_side import RosSide, latency_goal
 from cosmos_reason_ros.bench.workload import (
     ALL_MODES,
     BASELINE_TOPIC,
     DEVICES,
     FLEET_CAMERA_HZ,
     FLEET_ROBOTS,
+    LATENCY_MODES,
     LENGTHS,
     NODE_TOPIC,
+    PROMPT,
     REPO_ROOT,
     SERVED_NAME,
     WRIST_TOPIC,
     engine_settings,
     parse_engine_args,
     parse_size,
+    picture,
     size_name,
 )
 from cosmos_reason_ros.ros.gcwatch import GcPauses, freeze_heap
@@ -125,6 +137,8 @@ class Bench:
         self.node_proc: Proc | None = None
         self.server_proc: Proc | None = None
         self.baseline_proc: Proc | None = None
+        self.floor: Any = None  # bench/floor.FloorClient (imports rclpy: made in start_floor)
+        self.floor_proc: Proc | None = None
         self.available: dict[str, str] = {}  # part -> "" (up) or why it is not
         self.prefill_param = False
         self.seed = 1
@@ -142,17 +156,23 @@ class Bench:
     def needs(self, part: str) -> bool:
         """Whether any chosen mode needs ``part`` (engine, node, baseline).
 
-        ``second``, ``concurrency`` and ``cameras`` measure the sides named in ``--modes``
-        (``--modes node,second``: the node alone); with none named, every side they can
-        measure.
+        ``second``, ``concurrency``, ``cameras`` and ``floor`` measure the sides named in
+        ``--modes`` (``--modes node,second``: the node alone); with none named, every side
+        they can measure. ``floor`` is compared with the node, so it always needs it.
         """
         m = set(self.modes)
         if part in m:
             return True
-        compared = {"second", "concurrency", "cameras"} if part != "baseline" else {"second"}
+        compared = {"second", "concurrency", "cameras", "floor"} if part != "baseline" \
+            else {"second"}
         if m & compared and not m & {"engine", "node", "baseline"}:
             return True
-        return part == "node" and bool(m & {"ingest", "memory", "prefill", "planning"})
+        return part == "node" and bool(m & {"ingest", "memory", "prefill", "planning", "floor"})
+
+    def latency_modes(self) -> list[str]:
+        """Return the latency phase's modes: those named, and the sides ``floor`` needs."""
+        return [m for m in LATENCY_MODES
+                if m in self.modes or ("floor" in self.modes and self.needs(m))]
 
     def start(self, results: Results) -> None:
         """Start the node, the server and the in-process engine in parallel."""
@@ -213,6 +233,15 @@ class Bench:
                     self.ros.set_param("prefill.enabled", False)
             except Exception as e:  # noqa: BLE001
                 self.available["node"] = f"{type(e).__name__}: {e}"
+        if self.needs("floor"):
+            if not self.up("node"):
+                self.available["floor"] = f"node not available: {self.available.get('node')}"
+            else:
+                try:
+                    starts["floor"] = self.start_floor(log_dir, deadline, max_goals, results)
+                    self.available["floor"] = ""
+                except Exception as e:  # noqa: BLE001
+                    self.available["floor"] = f"{type(e).__name__}: {e}"
         if self.server_proc is not None and self.ros is not None:
             try:
                 starts["server"] = wait_healthy(self.server_proc, port, deadline)
@@ -250,13 +279,45 @@ class Bench:
         results.extra("bench_heap_frozen", {"objects": frozen, "seconds": round(freeze_s, 3)})
         results.extra("start_done_s", time.monotonic() - self.budget.t0)
 
+    def floor_result(self) -> bytes:
+        """Ask the node a short question; return its result serialized (the floor's result)."""
+        from rclpy.serialization import serialize_message
+
+        assert self.ros is not None
+        size = self.sizes[0]
+        self.publish_frame(["node"], picture(size[0], size[1], self.next_seed()))
+        answer = self.ros.client.run(latency_goal(PROMPT, LENGTHS["short"]), timeout_s=600.0)
+        if not answer.ok:
+            raise RuntimeError(f"the node's short answer for the floor's result failed: "
+                               f"{answer.status} {answer.error_code.name}: "
+                               f"{answer.error_message}")
+        return serialize_message(answer.message)
+
+    def start_floor(self, log_dir: Path, deadline: float, max_goals: int,
+                    results: Results) -> float:
+        """Start the floor server process and its client; return the server's start time."""
+        from cosmos_reason_ros.bench.floor import FLOOR_READY, FloorClient
+
+        result_file = log_dir / "floor_result.cdr"
+        result_file.write_bytes(self.floor_result())
+        self.floor_proc = start_floor_server(result_file, max_goals, log_dir)
+        started = self.floor_proc.wait_line(FLOOR_READY, deadline)
+        self.floor = FloorClient()
+        if not self.floor.wait_for_server(60):
+            raise RuntimeError("the floor's action server was not discovered within 60 s")
+        results.extra("floor", {"result_bytes": result_file.stat().st_size})
+        return started
+
     def up(self, part: str) -> bool:
         """Whether ``part`` started."""
         return self.available.get(part) == ""
 
     def close(self) -> None:
         """Stop everything this run started (each step bounded)."""
-        for proc in (self.baseline_proc, self.node_proc, self.server_proc):
+        if self.floor is not None:
+            with contextlib.suppress(Exception):
+                self.floor.close()
+        for proc in (self.baseline_proc, self.floor_proc, self.node_proc, self.server_proc):
             if proc is not None:
                 with contextlib.suppress(Exception):
                     proc.stop()
@@ -284,6 +345,9 @@ class Bench:
                 names = [n for n, _ in cameras]
                 stamp_ns, (out,) = self.ask_node(
                     stamp_ns, lambda: [self.ros.node_submit(prompt, max_tokens, names)()])
+            elif mode == "floor":
+                assert self.floor is not None
+                return self.floor.submit(latency_goal(prompt, max_tokens))()
             else:
                 assert self.ros is not None
                 out = self.ros.baseline_request(prompt, max_tokens, seed)
@@ -344,14 +408,14 @@ class Bench:
         try:
             self.start(results)
             phases = [p for p in PHASES
-                      if (p == "latency" and {"engine", "node", "baseline"} & set(self.modes))
+                      if (p == "latency" and set(LATENCY_MODES) & set(self.modes))
                       or p in self.modes]
             self.budget.plan(phases)
             results.extra("slices_s", self.budget.slices)
             needs_node = {"ingest", "memory", "prefill", "planning"}
             for phase in phases:
                 if self.budget.left() <= 0:
-                    for m in ([phase] if phase != "latency" else ["engine", "node", "baseline"]):
+                    for m in ([phase] if phase != "latency" else LATENCY_MODES):
                         if m in self.modes:
                             results.mode(m, status="skipped", reason="time budget spent")
                     continue
@@ -401,7 +465,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--modes", default="",
                     help=f"comma-separated subset of {','.join(ALL_MODES)} (default: all but "
                          f"fleet on cpu; all but ingest, memory, lifting, planning and fleet on "
-                         f"gpu)")
+                         f"gpu). floor: a bare rclpy action beside the node and the engine, "
+                         f"short answers; the report gives node - engine and node - engine - "
+                         f"floor")
     ap.add_argument("--repeats", type=int, default=0,
                     help="measured rounds per mode (0: the device default); trimmed to fit")
     ap.add_argument("--time-budget-s", type=float, default=0.0,

@@ -466,6 +466,10 @@ def render_report(data: Mapping[str, Any]) -> str:
                                f"{fmt(100 * ratio(d.median, o.mode_ms))} % (target <= {pct:g} "
                                f"%, {fmt(limit)} ms)", decide(o.deltas_ms, limit).text()))
 
+    floor_lines, floor_checks = _floor_section(samples, extra.get("floor") or {})
+    lines += floor_lines
+    checks += floor_checks
+
     base = paired_overhead(samples, "baseline", "node", "e2e_s", where=_latency_phase)
     if base:
         lines += ["", "## Node vs the HTTP-client baseline (end-to-end medians)", ""]
@@ -713,6 +717,100 @@ def render_report(data: Mapping[str, Any]) -> str:
         lines += [f"- {n} x {k}" for k, n in list(seen.items())[:20]]
     lines.append("")
     return "\n".join(lines)
+
+
+# The node's target over the transport floor, short answers: what the node adds to the engine
+# beyond a bare rclpy action's round trip (node - engine - floor, per round), ms.
+FLOOR_TARGET_MS = 1.0
+ENGINE_AND_FLOOR = "engine+floor"  # the reference the node is judged against
+
+
+def _short_latency(s: Sample) -> bool:
+    return _latency_phase(s) and s.get("length") == "short"
+
+
+def _engine_and_floor(samples: Sequence[Sample]) -> list[Sample]:
+    """Per size and round where both succeeded: the engine's sample, with the floor's time added.
+
+    The node is the engine's work plus the transport plus its own: against this reference the
+    paired difference is the node's own cost above rclpy's bare action.
+    """
+    by_mode = group(samples, ("mode", "size", "round"), _short_latency)
+    return [{**engine, "mode": ENGINE_AND_FLOOR,
+             "e2e_s": engine["e2e_s"] + by_mode[("floor", size, r)][0]["e2e_s"]}
+            for (mode, size, r), (engine, *_) in by_mode.items()
+            if mode == "engine" and ("floor", size, r) in by_mode]
+
+
+def floor_overhead(samples: Sequence[Sample]) -> list[dict[str, Any]]:
+    """Return the floor, node - engine and node - engine - floor per size (short answers).
+
+    All from the latency phase's rounds (ms). ``floor``: a bare rclpy action's round trip.
+    ``node - engine``: paired per round, as the overhead table. ``node - engine - floor``:
+    per round where all three succeeded, the node minus the engine minus the floor (the node
+    cannot be faster than the engine's work plus rclpy's own action), its median, 95 %
+    interval and the verdict against ``FLOOR_TARGET_MS``. Node and engine pairs must have
+    generated the same number of tokens.
+    """
+    floor = summarize(samples, ("size",), "e2e_s", lambda s: _short_latency(s)
+                      and s.get("mode") == "floor")
+    over_engine = paired_overhead(samples, "node", "engine", "e2e_s", keys=("size",),
+                                  where=_short_latency)
+    above_floor = paired_overhead([*samples, *_engine_and_floor(samples)], "node",
+                                  ENGINE_AND_FLOOR, "e2e_s", keys=("size",),
+                                  where=_short_latency)
+    rows = []
+    for key in sorted(floor, key=lambda k: sort_key(k[0])):
+        nan2 = [math.nan, math.nan]
+        row = {"size": key[0], "floor_n": floor[key].n, "floor_p50_ms": 1e3 * floor[key].median,
+               "floor_p95_ms": 1e3 * floor[key].p95, "engine_pairs": 0,
+               "node_minus_engine_p50_ms": math.nan, "node_minus_engine_interval_ms": nan2,
+               "pairs": 0, "above_floor_p50_ms": math.nan, "above_floor_interval_ms": nan2,
+               "above_floor_p95_ms": math.nan, "verdict": decide([], FLOOR_TARGET_MS).text()}
+        if key in over_engine:
+            e, ed = over_engine[key]
+            row.update(engine_pairs=ed.n, node_minus_engine_p50_ms=ed.median,
+                       node_minus_engine_interval_ms=list(median_interval(e.deltas_ms)))
+        if key in above_floor:
+            a, ad = above_floor[key]
+            row.update(pairs=ad.n, above_floor_p50_ms=ad.median, above_floor_p95_ms=ad.p95,
+                       above_floor_interval_ms=list(median_interval(a.deltas_ms)),
+                       verdict=decide(a.deltas_ms, FLOOR_TARGET_MS).text())
+        rows.append(row)
+    return rows
+
+
+def _floor_section(samples: Sequence[Sample], floor: Mapping[str, Any]
+                   ) -> tuple[list[str], list[tuple[str, str, str]]]:
+    """Render the floor beside node - engine, and the floor target's line per size."""
+    rows = floor_overhead(samples)
+    if not rows:
+        return [], []
+    result = f" ({floor['result_bytes']} bytes)" if floor.get("result_bytes") else ""
+    lines = ["", "## Node over the transport floor (short answers, end to end, paired rounds)",
+             "", "Floor: a bare rclpy action with the node's action type, QoS, executor and "
+             "process layout, whose execute callback returns a node's short-answer result at "
+             f"once{result}, asked in the same rotation as the node and the engine. Node - "
+             "engine - floor: per round (same size) the node minus the engine minus the floor, "
+             "what the node adds beyond the engine's work and rclpy's own action. Each "
+             "difference: the median over rounds with its distribution-free 95 % interval.", ""]
+
+    def interval(values: Sequence[float]) -> str:
+        return " to ".join(fmt(v, 2) for v in values)
+
+    lines.append(table(
+        ("size", "floor n", "floor p50 ms", "floor p95 ms", "engine pairs",
+         "node - engine p50 ms", "95 % interval ms", "pairs", "node - engine - floor p50 ms",
+         "95 % interval ms", "p95 ms"),
+        [(r["size"], r["floor_n"], fmt(r["floor_p50_ms"], 2), fmt(r["floor_p95_ms"], 2),
+          r["engine_pairs"], fmt(r["node_minus_engine_p50_ms"], 2),
+          interval(r["node_minus_engine_interval_ms"]), r["pairs"],
+          fmt(r["above_floor_p50_ms"], 2), interval(r["above_floor_interval_ms"]),
+          fmt(r["above_floor_p95_ms"], 2)) for r in rows]))
+    checks = [(f"node - engine - floor at {r['size']}, short answers",
+               f"{fmt(r['above_floor_p50_ms'], 2)} ms (target <= {FLOOR_TARGET_MS:g} ms)",
+               r["verdict"]) for r in rows]
+    return lines, checks
 
 
 def _cameras_phase(s: Sample) -> bool:

@@ -14,8 +14,10 @@ import numpy as np
 from cosmos_reason_ros.bench import stats as benchstats
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-ALL_MODES = ("engine", "node", "baseline", "concurrency", "second", "cameras", "ingest",
-             "memory", "prefill", "lifting", "planning", "fleet")
+ALL_MODES = ("engine", "node", "baseline", "floor", "concurrency", "second", "cameras",
+             "ingest", "memory", "prefill", "lifting", "planning", "fleet")
+# Measured side by side by the latency phase, request by request; every other mode is a phase.
+LATENCY_MODES = ("engine", "node", "baseline", "floor")
 # Run unless --modes says otherwise. Not fleet: it starts two more servers, two routers and
 # 2N nodes of its own (minutes on CPU), so it runs only when asked (--modes fleet).
 DEFAULT_MODES = tuple(m for m in ALL_MODES if m != "fleet")
@@ -84,7 +86,8 @@ DEVICES = {
         concurrency=(1, 2, 4, 8, 16), repeats=5, time_budget_s=450.0,
         # Ingest and memory are properties of the node's process, measured on the CPU run;
         # the GPU's few minutes go to latency, throughput and caching.
-        modes=("engine", "node", "baseline", "concurrency", "second", "cameras", "prefill")),
+        modes=("engine", "node", "baseline", "floor", "concurrency", "second", "cameras",
+               "prefill")),
 }
 
 # Engine settings the node and VllmLocalConfig know by name; anything else is passed through

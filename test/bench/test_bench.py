@@ -146,8 +146,9 @@ def test_archive_packs_the_whole_run_into_one_file(tmp_path: Path) -> None:
 
 
 def test_every_mode_is_run_by_a_phase() -> None:
-    # engine, node and baseline are measured by the latency phase; each other mode is a phase.
-    assert set(workload.ALL_MODES) - {"engine", "node", "baseline"} <= set(PHASES)
+    # engine, node, baseline and floor are measured by the latency phase; each other mode is
+    # a phase.
+    assert set(workload.ALL_MODES) - set(workload.LATENCY_MODES) <= set(PHASES)
     assert list(PHASES)[0] == "latency"
 
 
@@ -174,6 +175,10 @@ def test_smoke_run_records_samples_for_every_mode(tmp_path: Path, tiny_qwen3_vl:
         assert statuses[mode] == "ran"
         assert any(s["phase"] == "latency" and s["mode"] == mode and s["e2e_s"] > 0
                    and s["output_tokens"] > 0 for s in measured), mode
+    # floor: the bare rclpy action's process, in the same rotation, with the node's result size
+    assert statuses["floor"] == "ran", data["modes"]["floor"]
+    assert any(s["phase"] == "latency" and s["mode"] == "floor" for s in measured)
+    assert data["extra"]["floor"]["result_bytes"] > 0
     for mode in ("engine", "node", "baseline"):  # the same frame asked twice
         questions = {s["question"] for s in measured
                      if s["phase"] == "second" and s["mode"] == mode}
@@ -207,5 +212,6 @@ def test_smoke_run_records_samples_for_every_mode(tmp_path: Path, tiny_qwen3_vl:
     assert data["extra"]["planning"]["mcp_overhead"][0]["pairs"] >= 1
     report = (out / "results.md").read_text()
     assert "## Latency" in report and "## Targets" in report and "## Second camera" in report
+    assert "## Node over the transport floor" in report
     assert "goal came after the newest frame" in report
     assert (out / "latency.png").stat().st_size > 0

@@ -1,4 +1,8 @@
-"""The latency phase: engine, node and baseline interleaved per request over sizes x lengths."""
+"""The latency phase: engine, node, baseline and floor interleaved per request.
+
+Over sizes x lengths; the floor (a bare rclpy action, ``bench/floor.py``) is asked on short
+answers only: it stands for the node's transport, which does not depend on the length.
+"""
 
 from __future__ import annotations
 
@@ -15,10 +19,11 @@ if TYPE_CHECKING:
 
 
 def run(bench: Bench, results: Results) -> None:
-    """Run engine / node / baseline interleaved per request over sizes x lengths."""
-    modes = [m for m in ("engine", "node", "baseline") if m in bench.modes and bench.up(m)]
-    for m in ("engine", "node", "baseline"):
-        if m in bench.modes and not bench.up(m):
+    """Run engine / node / baseline / floor interleaved per request over sizes x lengths."""
+    wanted_modes = bench.latency_modes()
+    modes = [m for m in wanted_modes if bench.up(m)]
+    for m in wanted_modes:
+        if not bench.up(m):
             results.mode(m, status="error", error=bench.available.get(m, "not started"))
     if not modes:
         return
@@ -43,6 +48,8 @@ def run(bench: Bench, results: Results) -> None:
             rgb = picture(size[0], size[1], seed)
             stamp = bench.publish_frame(modes, rgb)
             for mode in rotated(modes, r + i):
+                if mode == "floor" and length != "short":
+                    continue
                 out = bench.run_one(mode, rgb, stamp, PROMPT, LENGTHS.get(length, 8), seed)
                 results.sample(phase="latency", mode=mode, size=size_name(size),
                                length=length, target_tokens=LENGTHS[length], round=r,
