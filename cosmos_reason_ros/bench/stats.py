@@ -999,7 +999,7 @@ def fleet_hit_rates(samples: Iterable[Sample]) -> dict[tuple[Any, ...], float]:
 
 def _fleet_section(samples: Sequence[Sample], fleet: Mapping[str, Any]
                    ) -> tuple[list[str], list[tuple[str, str, str]]]:
-    """Render the fleet mode's table (affinity vs round robin) and its target line."""
+    """Render the fleet mode's table (one row per router policy) and its target line."""
     def where(s: Sample) -> bool:
         return s.get("phase") == "fleet"
 
@@ -1011,7 +1011,7 @@ def _fleet_section(samples: Sequence[Sample], fleet: Mapping[str, Any]
     hits = fleet_hit_rates(samples)
     requests = fleet.get("requests_per_backend") or {}
     lines = ["", f"## Fleet: {fleet.get('robots_per_policy', '?')} robots per policy on two "
-             f"`vllm serve` through `vllm-router`, affinity vs round robin", ""]
+             f"`vllm serve` through `vllm-router`, one router per policy", ""]
     rows = []
     for (policy,), t in sorted(ttft.items(), key=lambda kv: str(kv[0][0])):
         q1, q2 = by_q.get((policy, 1)), by_q.get((policy, 2))

@@ -49,11 +49,10 @@ PHASE_WEIGHTS = (benchstats.Slice("latency", 45), benchstats.Slice("concurrency"
                  benchstats.Slice("memory", 17), benchstats.Slice("prefill", 5),
                  benchstats.Slice("lifting", 1), benchstats.Slice("planning", 4),
                  benchstats.Slice("fleet", 20))
-# The fleet mode: robots per routing policy, their cameras' rate, and the two routers'
-# policies (label -> vllm-router --policy). Affinity keys on the node's X-Session-ID header.
+# The fleet mode: robots per routing policy and their cameras' rate (the policies:
+# bench/phases/fleet.POLICIES).
 FLEET_ROBOTS = 4
 FLEET_CAMERA_HZ = 5.0
-FLEET_POLICIES = {"affinity": "consistent_hash", "round_robin": "round_robin"}
 # The fleet's two backends on CPU: vLLM CPU's default KV block (128 tokens) is longer than
 # the tiny model's whole image, so nothing but full blocks could ever hit; 32-token blocks
 # (as in test/servers.py) let an image fill several.

@@ -10,7 +10,7 @@ backend gets its camera back (consistent hashing); with the router itself down t
 fallback URL serves, and the router is used again as soon as it is back. Every wait is on a
 condition with a bound. URL order, retries and the header itself are covered in
 ``test/engines/test_openai_http.py``; this module costs two vLLM start-ups plus one restart.
-``bench --modes fleet`` (affinity vs round robin) runs on the same two backends first.
+``bench --modes fleet`` (routing policies compared) runs on the same two backends first.
 """
 
 from __future__ import annotations
@@ -116,10 +116,9 @@ def fleet(tiny_qwen3_vl) -> Iterator[Fleet]:
         print(f"fleet module: {time.monotonic() - fleet.t0:.1f} s")
 
 
-def test_bench_fleet_mode_compares_affinity_with_round_robin(fleet: Fleet,
-                                                              tmp_path: Path) -> None:
+def test_bench_fleet_mode_compares_routing_policies(fleet: Fleet, tmp_path: Path) -> None:
     # ``bench --modes fleet`` on this module's two backends (--fleet-backends; on its own it
-    # starts two): its two routers, two robots per policy, a warm-up and a measured round.
+    # starts two): a router per policy, two robots per policy, a warm-up and a measured round.
     # Before the test below, which kills and restarts a backend.
     out = tmp_path / "fleet"
     args = [sys.executable, "-m", "cosmos_reason_ros.bench", "--modes", "fleet",
@@ -134,7 +133,8 @@ def test_bench_fleet_mode_compares_affinity_with_round_robin(fleet: Fleet,
     measured = [s for s in data["samples"] if s.get("phase") == "fleet" and s.get("ok")
                 and not s.get("warmup")]
     assert {(s["policy"], s["question"]) for s in measured} == {
-        (p, q) for p in ("affinity", "round_robin") for q in (1, 2)}
+        (p, q) for p in ("affinity", "sticky_least_loaded", "cache_aware", "round_robin")
+        for q in (1, 2)}
     # What is reliably true on the tiny model: under affinity every follow-up reaches the
     # backend that served its frame's first question, so its image blocks (two 32-token
     # blocks at 640x480) come from the prefix cache, and no round-robin follow-up does
@@ -150,6 +150,12 @@ def test_bench_fleet_mode_compares_affinity_with_round_robin(fleet: Fleet,
     requests = data["extra"]["fleet"]["requests_per_backend"]
     assert all(n > 0 for n in requests["round_robin"].values()), requests  # both backends
     assert sum(requests["affinity"].values()) > 0, requests
+    # Where the routers put the two robots' cameras: consistent hashing places both somewhere
+    # (together half the time: it depends on the backends' URLs); sticky least-loaded puts a
+    # new session on the backend with fewer, so the two robots never share one.
+    sessions = data["extra"]["fleet"]["sessions_per_backend"]
+    assert sum(sessions["affinity"].values()) == 2, sessions
+    assert sessions["sticky_least_loaded"] == {"backend0": 1, "backend1": 1}, sessions
     report = (out / "results.md").read_text()
     assert "## Fleet" in report and "fleet prefix-cache hit rate" in report
 

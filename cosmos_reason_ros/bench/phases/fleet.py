@@ -1,16 +1,19 @@
 """The fleet phase: N robots share two ``vllm serve`` backends through the real ``vllm-router``.
 
-Two routers run at once over the same two backends, one per policy: ``consistent_hash``
-(session affinity on the node's ``X-Session-ID`` header) and ``round_robin``. Each policy has
-its own N robots: a node process (``config/remote_server.yaml``, ``engine.kind: openai``,
-``engine.url`` its policy's router, ``prefill.enabled: true``) in its own namespace with its
-own camera, every camera streaming its own pictures at ``--fleet-camera-hz`` the whole time,
-so both policies' prefills load the backends alike. Each round, policy by policy (rotating
-order), all N robots of one policy at once: a goal on the latest frame, at a random phase of
-the camera, then a follow-up question on the same frame (the robot's camera holds still for
-the pair). Measured per policy: TTFT (the result's ``time_to_first_token_s``), prefix-cache
-hit rate (the result's cached / prompt tokens) and requests per backend (each router's own
-per-worker counter, so the two policies' traffic is told apart).
+One router per routing policy runs at once over the same two backends (``POLICIES``):
+``consistent_hash`` (reported as ``affinity``: the node's ``X-Session-ID`` header hashed onto a
+ring), ``sticky_least_loaded`` (a new session goes to the backend holding the fewest sessions
+and stays there), ``cache_aware`` (the backend whose earlier requests share the longest prefix
+with this one, unless the load is too uneven) and ``round_robin``. Each policy has its own N
+robots: a node process (``config/remote_server.yaml``, ``engine.kind: openai``, ``engine.url``
+its policy's router, ``prefill.enabled: true``, the default session key) in its own namespace
+with its own camera, every camera streaming its own pictures at ``--fleet-camera-hz`` the whole
+time, so every policy's prefills load the backends alike. Each round, policy by policy
+(rotating order), all N robots of one policy at once: a goal on the latest frame, at a random
+phase of the camera, then a follow-up question on the same frame (the robot's camera holds
+still for the pair). Measured per policy: TTFT (the result's ``time_to_first_token_s``),
+prefix-cache hit rate (the result's cached / prompt tokens) and requests per backend (each
+router's own per-worker counter, so the policies' traffic is told apart).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import contextlib
 import dataclasses
 import json
 import random
+import re
 import shutil
 import threading
 import time
@@ -38,7 +42,6 @@ from cosmos_reason_ros.bench.processes import (
 from cosmos_reason_ros.bench.results import Results
 from cosmos_reason_ros.bench.workload import (
     FLEET_CPU_SERVER_ARGS,
-    FLEET_POLICIES,
     LENGTHS,
     PROMPT,
     PROMPT_2,
@@ -57,6 +60,19 @@ START_S = 120.0  # bound of a router's or a node's start, and of discovery
 GOAL_TIMEOUT_S = 60.0  # the nodes' limits.goal_timeout_s (a stalled server ends a goal)
 BACKEND_METRICS = ("vllm:request_success_total", "vllm:prefix_cache_queries_total",
                    "vllm:prefix_cache_hits_total")
+# The policies measured, by report name: each one's ``vllm-router --policy`` (all offered by
+# vllm-router 0.1.17). ``affinity`` is the name the report's target line compares with
+# ``round_robin``. Left out: ``random`` and ``power_of_two`` (no affinity, like round robin)
+# and ``kv_aware`` (it scores the backends' KV cache events, which ``vllm serve`` publishes only
+# when configured to, over ZMQ).
+POLICIES = {"affinity": "consistent_hash", "sticky_least_loaded": "sticky_least_loaded",
+            "cache_aware": "cache_aware", "round_robin": "round_robin"}
+# How vllm-router 0.1.17 logs where it placed a session (at INFO, whatever --log-level says):
+# consistent_hash on every request, sticky_least_loaded on a session's first one. The other
+# policies log no placement.
+_PLACED = re.compile(r"key='header:x-session-id:(?P<hashed>[^']+)' -> worker='(?P<ring>[^']+)'"
+                     r"|new session '(?P<sticky>[^']+)' -> replica '(?P<least>[^']+)'")
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 @dataclasses.dataclass
@@ -147,6 +163,11 @@ class _Cameras:
         self.rclpy.try_shutdown(context=self.context)
 
 
+def _namespace(policy: str) -> str:
+    """Return the namespace of a policy's robots (their session keys start with it)."""
+    return f"/fleet/{policy}"
+
+
 def _served_model(root: str) -> str:
     """Return the model a running server serves (the first of its ``/v1/models``)."""
     status, text = http_get(root + "/v1/models")
@@ -168,6 +189,24 @@ def _router_counts(metrics_port: int, workers: list[str]) -> dict[str, float]:
         out[f"backend{i}"] = sum(v for k, v in sums.items() if k.endswith("|" + root)
                                  or k.endswith("|" + root + "/"))
     return out
+
+
+def sessions_per_backend(log_text: str, workers: list[str], prefix: str) -> dict[str, int]:
+    """Count the sessions keyed ``prefix...`` that a router's log places on each worker.
+
+    A session is one camera's ``X-Session-ID`` (all its goals and prefills); a key placed
+    twice (its worker went down) counts where it went last. Empty when the log places none
+    of them (a policy that does not log placements).
+    """
+    placed = {}
+    for m in _PLACED.finditer(_ANSI.sub("", log_text)):
+        key = m.group("hashed") or m.group("sticky")
+        if key.startswith(prefix):
+            placed[key] = (m.group("ring") or m.group("least")).rstrip("/")
+    if not placed:
+        return {}
+    return {f"backend{i}": sum(url == root.rstrip("/") for url in placed.values())
+            for i, root in enumerate(workers)}
 
 
 def _backend_metrics(workers: list[str]) -> dict[str, dict[str, float]]:
@@ -258,7 +297,7 @@ def run(bench: Bench, results: Results) -> None:
                       for i, s in enumerate(servers)}
             served = SERVED_NAME
         routers: dict[str, tuple[Proc, str, int]] = {}
-        for policy, flag in FLEET_POLICIES.items():
+        for policy, flag in POLICIES.items():
             port, metrics_port = free_port(), free_port()
             router = start_router(port, workers, flag, log_dir, name=f"fleet_router_{policy}",
                                   metrics_port=metrics_port)
@@ -269,7 +308,7 @@ def run(bench: Bench, results: Results) -> None:
                 root + "/readiness", min(deadline, time.monotonic() + START_S))
         for policy, (_, root, _) in routers.items():
             for i in range(n):
-                ns = f"/fleet/{policy}/robot{i}"
+                ns = f"{_namespace(policy)}/robot{i}"
                 proc = start_ros_node(f"fleet_{policy}_robot{i}", "remote_server", {
                     "engine.url": root + "/v1", "engine.model": served,
                     "engine.api_key_env": "",
@@ -290,25 +329,32 @@ def run(bench: Bench, results: Results) -> None:
         starts["nodes"] = max(robot.proc.wait_line("]: ready: ", node_deadline)
                               for robot in robots)
         cameras = _Cameras(robots, a.fleet_camera_hz)
+        # Discovery has a bound of its own, from here, and the clients' nodes share the
+        # cameras' context, so the bench side is one DDS participant: with a context per
+        # client (8 robots x 4 policies: 65 participants in all) a client still had no action
+        # server at the end of the start bound, at load 43 on 2 cores.
+        discovery_deadline = min(deadline, time.monotonic() + START_S)
         for robot in robots:
-            robot.client = ReasonClient(robot.action, node_name=f"bench_fleet_client_"
-                                        f"{robot.policy}_{robot.index}")
+            robot.client = ReasonClient(robot.action, context=cameras.context,
+                                        node_name=f"bench_fleet_client_{robot.policy}_"
+                                        f"{robot.index}")
         for robot in robots:
-            if not robot.client.wait_for_server(max(1.0, node_deadline - time.monotonic())):
+            if not robot.client.wait_for_server(max(1.0, discovery_deadline
+                                                    - time.monotonic())):
                 raise TimeoutError(f"{robot.action}: no action server")
-        cameras.wait_subscribed(node_deadline)
+        cameras.wait_subscribed(discovery_deadline)
         cameras.thread.start()
-        while min(r.frames for r in robots) < 3 and time.monotonic() < node_deadline:
+        while min(r.frames for r in robots) < 3 and time.monotonic() < discovery_deadline:
             time.sleep(0.05)  # a few frames out before the first goal (NO_IMAGE otherwise)
         results.extra("fleet_start_s", starts)
         _rounds(bench, results, robots, routers, workers, deadline, size_name(size))
     finally:
-        if cameras is not None:
-            cameras.close()
-        for robot in robots:
+        for robot in robots:  # before the cameras, whose context the clients' nodes are in
             if robot.client is not None:
                 with contextlib.suppress(Exception):
                     robot.client.close()
+        if cameras is not None:
+            cameras.close()
         for proc in reversed(procs):  # nodes, routers, then the servers
             with contextlib.suppress(Exception):
                 proc.stop()
@@ -321,7 +367,7 @@ def _rounds(bench: Bench, results: Results, robots: list[Robot],
     wanted = bench.args.repeats or bench.device.repeats
     rng = random.Random(7)
     phase_s = 1.0 / bench.args.fleet_camera_hz
-    policies = list(FLEET_POLICIES)
+    policies = list(POLICIES)
     rounds = 0
     before: dict[str, Any] = {}
     for r in range(-1, wanted):
@@ -339,7 +385,8 @@ def _rounds(bench: Bench, results: Results, robots: list[Robot],
                 t.join(max(5.0, deadline + GOAL_TIMEOUT_S - time.monotonic()))
         rounds += r >= 0
         if r >= 0:  # after every round, so a run stopped at its time limit keeps them
-            _record(bench, results, before, _counters(routers, workers))
+            _record(bench, results, before, _counters(routers, workers),
+                    _sessions(routers, workers))
     results.mode("fleet", status="ran", rounds=rounds, wanted=wanted)
 
 
@@ -349,14 +396,28 @@ def _counters(routers: dict[str, tuple[Proc, str, int]], workers: list[str]
             "backends": _backend_metrics(workers)}
 
 
+def _sessions(routers: dict[str, tuple[Proc, str, int]], workers: list[str]
+              ) -> dict[str, dict[str, int]]:
+    """Per policy, the robots' sessions per backend, where its router logs placements."""
+    out = {}
+    for policy, (router, _, _) in routers.items():
+        with contextlib.suppress(OSError):
+            placed = sessions_per_backend(router.log.read_text(errors="replace"), workers,
+                                          _namespace(policy) + "/")
+            if placed:
+                out[policy] = placed
+    return out
+
+
 def _record(bench: Bench, results: Results, before: dict[str, Any],
-            after: dict[str, Any]) -> None:
-    """Store the fleet's settings and its counters over the measured rounds so far."""
+            after: dict[str, Any], sessions: dict[str, dict[str, int]]) -> None:
+    """Store the fleet's settings, counters over the measured rounds, sessions per backend."""
     requests = {p: {b: v - before.get("routers", {}).get(p, {}).get(b, 0.0)
                     for b, v in counts.items()} for p, counts in after["routers"].items()}
     backends = {b: {m: v - before.get("backends", {}).get(b, {}).get(m, 0.0)
                     for m, v in values.items()} for b, values in after["backends"].items()}
     results.extra("fleet", {"robots_per_policy": bench.args.fleet_robots,
                             "camera_hz": bench.args.fleet_camera_hz,
-                            "policies": dict(FLEET_POLICIES),
-                            "requests_per_backend": requests, "backend_metrics": backends})
+                            "policies": dict(POLICIES),
+                            "requests_per_backend": requests, "sessions_per_backend": sessions,
+                            "backend_metrics": backends})
