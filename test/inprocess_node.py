@@ -31,6 +31,7 @@ from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
 from sensor_msgs.msg import CompressedImage, Image
 from spun_node import SpinThread, SpunNode
 from unique_identifier_msgs.msg import UUID
+from waiting import DISCOVERY_S
 
 from cosmos_reason_interfaces.action import Reason
 from cosmos_reason_interfaces.msg import ReasoningResult
@@ -124,7 +125,7 @@ class InProcessNode:
                                            self._on_result, 50)
         self.side.node.create_subscription(DiagnosticArray, "/diagnostics",
                                            self._on_diagnostics, 10)
-        assert self.client.wait_for_server(timeout_sec=10.0), "action server not discovered"
+        assert self.client.wait_for_server(timeout_sec=DISCOVERY_S), "action server not discovered"
         self._answered_by_each_service()
         assert SpunNode.wait_matched(self.camera, 10.0), "camera not matched"
 

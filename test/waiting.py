@@ -14,6 +14,10 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 POLL_S = 0.01  # how often a condition is read: short, so a wait ends soon after it holds
+# DDS discovery between two participants (a client finding a service or an action server):
+# asynchronous, and on a loaded machine beside other suites it has taken over 30 s; past this
+# bound it did not happen.
+DISCOVERY_S = 120.0
 
 
 def wait_until(condition: Callable[[], Any], timeout_s: float, what: str,

@@ -9,6 +9,7 @@ import pytest
 rclpy = pytest.importorskip("rclpy", reason="needs the ROS 2 wheels (make setup)")
 from rclpy.action import ActionClient, ActionServer  # noqa: E402
 from rclpy.executors import MultiThreadedExecutor  # noqa: E402
+from waiting import DISCOVERY_S  # noqa: E402
 
 from cosmos_reason_interfaces.action import Reason  # noqa: E402
 from cosmos_reason_interfaces.msg import Box2D, ReasoningResult  # noqa: E402
@@ -56,7 +57,7 @@ def test_reason_goal_round_trips_through_action_server_and_client(ros_context):
     spin = threading.Thread(target=executor.spin, daemon=True)
     spin.start()
     try:
-        assert client.wait_for_server(timeout_sec=10.0)
+        assert client.wait_for_server(timeout_sec=DISCOVERY_S)
         feedback: list = []
         done = threading.Event()
         outcome: dict = {}

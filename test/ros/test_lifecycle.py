@@ -54,7 +54,7 @@ from rclpy.lifecycle import TransitionCallbackReturn  # noqa: E402
 from rclpy.parameter import Parameter as NodeParameter  # noqa: E402
 from sensor_msgs.msg import Image  # noqa: E402
 from spun_node import SpinThread, SpunNode  # noqa: E402
-from waiting import wait_until  # noqa: E402
+from waiting import DISCOVERY_S, wait_until  # noqa: E402
 
 from cosmos_reason_interfaces.action import Reason  # noqa: E402
 from cosmos_reason_interfaces.msg import ReasoningResult  # noqa: E402
@@ -80,7 +80,7 @@ class Manager:
                                               f"{name}/get_available_transitions")
         self.params = node.create_client(SetParameters, f"{name}/set_parameters")
         for client in (self.change, self.get, self.transitions, self.params):
-            assert client.wait_for_service(timeout_sec=30.0), client.srv_name
+            assert client.wait_for_service(timeout_sec=DISCOVERY_S), client.srv_name
 
     @staticmethod
     def _call(client, request, timeout_s: float = 300.0):

@@ -31,6 +31,7 @@ from rcl_interfaces.srv import (  # noqa: E402
 )
 from rclpy.context import Context  # noqa: E402
 from rclpy.parameter import Parameter  # noqa: E402
+from waiting import DISCOVERY_S  # noqa: E402
 
 from cosmos_reason_ros.config import (  # noqa: E402
     PARAMS,
@@ -325,7 +326,7 @@ def robot1():
 def call(side: Any, srv: type, name: str, request: Any) -> Any:
     client = side.node.create_client(srv, f"/robot1/cosmos_reason/{name}")
     try:
-        assert client.wait_for_service(timeout_sec=30.0), name
+        assert client.wait_for_service(timeout_sec=DISCOVERY_S), name
         # The side node's executor spins in its own thread and completes the rclpy future.
         waiter: concurrent.futures.Future = concurrent.futures.Future()
         client.call_async(request).add_done_callback(lambda f: waiter.set_result(f.result()))
