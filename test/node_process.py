@@ -71,9 +71,11 @@ def ros2(*args: str, within_s: float = CLI_S) -> str:
         try:
             done = subprocess.run(["ros2", *args, "--no-daemon"], capture_output=True,
                                   text=True, timeout=READ_TRY_S if read else CLI_S, check=False)
-        except subprocess.TimeoutExpired:
+        except subprocess.TimeoutExpired as e:
             if not read or time.monotonic() > deadline:
-                raise
+                printed = f"{_text(e.stdout)!r} {_text(e.stderr)!r}"
+                raise AssertionError(f"ros2 {' '.join(args)}: no end within {e.timeout} s; "
+                                     f"it printed: {printed}") from None
             continue
         again = "Node not found" in done.stderr or (read and done.returncode < 0)
         if not again or time.monotonic() > deadline:
@@ -81,6 +83,10 @@ def ros2(*args: str, within_s: float = CLI_S) -> str:
     assert done.returncode == 0, f"ros2 {' '.join(args)}: {done.returncode}\n{done.stdout}" \
         f"\n{done.stderr}"
     return done.stdout
+
+
+def _text(output: str | bytes | None) -> str:
+    return output.decode(errors="replace") if isinstance(output, bytes) else output or ""
 
 
 def lifecycle_set(node: str, transition: str, state: str, tries: int = 3) -> None:
@@ -95,7 +101,7 @@ def lifecycle_set(node: str, transition: str, state: str, tries: int = 3) -> Non
     for _ in range(tries):
         try:
             ros2("lifecycle", "set", node, transition)
-        except (subprocess.TimeoutExpired, AssertionError) as e:
+        except AssertionError as e:
             seen.append(f"set: {e}")
         now = ros2("lifecycle", "get", node, within_s=TRANSITION_S)
         if state in now:

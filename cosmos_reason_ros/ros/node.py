@@ -654,6 +654,7 @@ class ReasonNode(LifecycleNode):
                 elapsed_s=time.monotonic() - t_accept))
 
         holding_slot = False
+        media = None
         try:
             valid = self.pipeline.validate(messages.goal_fields(goal))
             msg.task = valid.spec.task.value
@@ -670,6 +671,7 @@ class ReasonNode(LifecycleNode):
                 on_stage=feedback, on_progress=lambda text, n: feedback(Stage.GENERATING,
                                                                         text, n))
             messages.fill_run(msg, run)
+            media = run.media
             if run.error is not None:
                 raise run.error
             self.outputs.publish_extras(msg, run.media)
@@ -689,6 +691,7 @@ class ReasonNode(LifecycleNode):
                 f"total_s={time.monotonic() - t_accept:.3f} parsed={','.join(msg.parsed)}")
         except CosmosReasonError as e:
             self._end_with_error(goal_handle, msg, e)
+            self.outputs.publish_drawings(msg, media, answered=False)
         except Exception as e:  # noqa: BLE001 - the boundary: a goal must always end
             self.get_logger().error(f"goal {msg.goal_id[:8]}: internal error: {e!r}")
             self._end_with_error(goal_handle, msg, EngineError(f"internal error: {e!r}"))

@@ -21,7 +21,7 @@ from cosmos_reason_ros.core.annotate import draw_annotations
 from cosmos_reason_ros.core.answer3d import DepthLifter
 from cosmos_reason_ros.core.cameras import DEFAULT_CAMERA
 from cosmos_reason_ros.core.pipeline import Media
-from cosmos_reason_ros.core.types import CosmosReasonError
+from cosmos_reason_ros.core.types import CosmosReasonError, ErrorCode
 from cosmos_reason_ros.ros import messages
 from cosmos_reason_ros.ros.detections import (
     boxes_left_out,
@@ -136,30 +136,46 @@ class Outputs:
             self.detections_left_out += left_out
         self._publish_3d(msg)
         views = media.cameras if media is not None else ()
-        if not views:  # the goal's own image (or no media): everything is about it
-            if self.detections is not None and len(msg.boxes) > left_out:
-                self.detections.publish(to_detection_array(msg, self._vision_msgs))
-            if media is not None and self.annotated.get_subscription_count() > 0:
-                drawn = self._draw(media.original_rgb, msg, None, msg.header)
-                if drawn is not None:
-                    self.annotated.publish(drawn)
-            return
+        if not views and self.detections is not None and len(msg.boxes) > left_out:
+            self.detections.publish(to_detection_array(msg, self._vision_msgs))
         for view in views:
-            header = messages.camera_frame(view).header  # this camera's frame
             detections = [p for p in (self.camera_detections.get(view.camera),
                                       self.detections if view.camera == self.default_camera
                                       else None) if p is not None]
             if detections and any(b.camera == view.camera and is_detection(b)
                                   for b in msg.boxes):
+                header = messages.camera_frame(view).header  # this camera's frame
                 array = to_detection_array(msg, self._vision_msgs, view.camera, header)
                 for publisher in detections:
                     publisher.publish(array)
+        self.publish_drawings(msg, media)
+
+    def publish_drawings(self, msg: ReasoningResult, media: Media | None,
+                         answered: bool = True) -> None:
+        """Publish each frame of the goal with its items drawn, where someone subscribes.
+
+        A goal that ended without an answer (cancelled, timed out, failed after its frames
+        were taken) gets its frames too, titled with its code and nothing drawn on them: a
+        viewer (the console, rqt) then shows what every goal looked at, not only the answered.
+        """
+        if media is None or not self.node.context.ok():
+            return
+        drawing = msg if answered else ReasoningResult(answer=ErrorCode(msg.error_code).name)
+        if not media.cameras:  # the goal's own image: everything is about it
+            if self.annotated.get_subscription_count() > 0:
+                drawn = self._draw(media.original_rgb, drawing, None, msg.header)
+                if drawn is not None:
+                    self.annotated.publish(drawn)
+            return
+        for view in media.cameras:
             annotated = [p for p in (self.camera_annotated.get(view.camera),
                                      self.annotated if view.camera == self.default_camera
                                      else None)
                          if p is not None and p.get_subscription_count() > 0]
-            drawn = self._draw(view.original_rgb, msg, view.camera, header) if annotated \
-                else None
+            if not annotated:
+                continue
+            header = messages.camera_frame(view).header  # this camera's frame
+            drawn = self._draw(view.original_rgb, drawing, view.camera, header)
             for publisher in annotated if drawn is not None else ():
                 publisher.publish(drawn)
 

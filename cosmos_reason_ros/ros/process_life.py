@@ -121,6 +121,35 @@ def own_spawned_processes() -> None:
     os.register_at_fork(after_in_child=_arm)
 
 
+# ros2 verbs that start the node and wait on it: when they die, nothing else stops the node.
+_LAUNCHER_VERBS = ("launch", "run")
+
+
+def stop_with_launcher() -> bool:
+    """Under ``ros2 launch`` or ``ros2 run``: be sent SIGTERM when that process dies.
+
+    ``ros2 launch`` ends on SIGTERM without stopping what it started ("using SIGTERM can result
+    in orphaned processes", launch says), and neither it nor ``ros2 run`` can pass anything on
+    when SIGKILLed: ``systemctl stop`` or ``docker stop`` of a launched robot left the node, and
+    its engine's gigabytes, running with parent PID 1. SIGTERM stops the node as a stop signal
+    does, goals and engine included. A node started any other way (a shell, ``nohup``, a
+    supervisor) is left alone: outliving its parent may be what was meant. Returns whether armed.
+    """
+    parent = os.getppid()
+    try:
+        argv = Path(f"/proc/{parent}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    words = [Path(a.decode(errors="replace")).name for a in argv]
+    pairs = zip(words, words[1:], strict=False)
+    if not any(word == "ros2" and verb in _LAUNCHER_VERBS for word, verb in pairs):
+        return False
+    armed = _set_parent_death_signal(signal.SIGTERM)
+    if armed and os.getppid() != parent:  # the launcher died before the signal was armed
+        os.kill(os.getpid(), signal.SIGTERM)
+    return armed
+
+
 def spawn_children_from(module: str) -> None:
     """Make every process spawned from this one run ``module`` as its main (``__mp_main__``).
 

@@ -36,6 +36,7 @@ def serve(args: list[str] | None = None, engine: Engine | None = None) -> NoRetu
     dds_profile = dds.use_writer_profile()  # before the first participant
     rclpy.init(args=args, signal_handler_options=SignalHandlerOptions.NO)
     signals = process_life.StopSignals()
+    process_life.stop_with_launcher()  # after StopSignals: its SIGTERM is a stop like any
     process_life.own_spawned_processes()
     logger = rclpy.logging.get_logger(NODE_NAME)  # until the node exists
     node: ReasonNode | None = None

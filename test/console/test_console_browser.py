@@ -313,6 +313,11 @@ def test_cancel_on_the_page_ends_an_endless_goal_canceled(stack) -> None:
     page = answer_ended(driver, before)
     assert page["status"] == "canceled"
     assert stack.camera.result(page["key"]).error_code == ErrorCode.CANCELLED
+    # The frame the cancelled goal looked at is shown too (the node publishes it unanswered).
+    notes = driver.execute_script(
+        "return Array.from(document.querySelectorAll('#answer-frames .frame-note'))"
+        ".map(n => n.textContent)")
+    assert notes and not any("no longer held" in n for n in notes), notes
     shot(driver, "canceled")
 
 

@@ -35,8 +35,9 @@ from action_msgs.msg import GoalStatus  # noqa: E402
 from diagnostic_msgs.msg import DiagnosticArray  # noqa: E402
 from fake_engine import FakeEngine, Script, answers_the_task  # noqa: E402
 from inprocess_node import BASE_PARAMS, InProcessNode, image_msg  # noqa: E402
+from lifecycle_manager import NODE, Manager  # noqa: E402
 from lifecycle_msgs.msg import Transition  # noqa: E402
-from lifecycle_msgs.srv import ChangeState, GetAvailableTransitions, GetState  # noqa: E402
+from lifecycle_msgs.srv import ChangeState  # noqa: E402
 from node_process import (  # noqa: E402
     NodeProcess,
     ProcessTree,
@@ -46,15 +47,13 @@ from node_process import (  # noqa: E402
     scene,
     text_schema,
 )
-from rcl_interfaces.msg import Parameter, ParameterType, ParameterValue  # noqa: E402
-from rcl_interfaces.srv import SetParameters  # noqa: E402
 from rclpy.context import Context  # noqa: E402
 from rclpy.executors import MultiThreadedExecutor  # noqa: E402
 from rclpy.lifecycle import TransitionCallbackReturn  # noqa: E402
 from rclpy.parameter import Parameter as NodeParameter  # noqa: E402
 from sensor_msgs.msg import Image  # noqa: E402
 from spun_node import SpinThread, SpunNode  # noqa: E402
-from waiting import DISCOVERY_S, wait_until  # noqa: E402
+from waiting import wait_until  # noqa: E402
 
 from cosmos_reason_interfaces.action import Reason  # noqa: E402
 from cosmos_reason_interfaces.msg import ReasoningResult  # noqa: E402
@@ -64,87 +63,8 @@ from cosmos_reason_ros.ros.node import ReasonNode  # noqa: E402
 
 pytestmark = [pytest.mark.ros]
 
-NODE = "/cosmos_reason"
 SUCCESS = TransitionCallbackReturn.SUCCESS
 ENDLESS = Script(deltas=["x "], delay_s=0.01, endless=True)
-TRANSITION_S = 300.0  # a transition (an engine start) or a call: past it, it never ended
-REPLY_TRY_S = 10.0  # a reply missing this long may have been dropped: ask (or read) again
-# The state each transition leads to when it succeeds.
-GOAL_STATE = {Transition.TRANSITION_CONFIGURE: "inactive",
-              Transition.TRANSITION_CLEANUP: "unconfigured",
-              Transition.TRANSITION_ACTIVATE: "active",
-              Transition.TRANSITION_DEACTIVATE: "inactive",
-              Transition.TRANSITION_UNCONFIGURED_SHUTDOWN: "finalized",
-              Transition.TRANSITION_INACTIVE_SHUTDOWN: "finalized",
-              Transition.TRANSITION_ACTIVE_SHUTDOWN: "finalized"}
-
-
-class Manager:
-    """What a lifecycle manager does: call the node's lifecycle services, wait for answers."""
-
-    def __init__(self, side: SpunNode, name: str = NODE) -> None:
-        node = side.node
-        self.change = node.create_client(ChangeState, f"{name}/change_state")
-        self.get = node.create_client(GetState, f"{name}/get_state")
-        self.transitions = node.create_client(GetAvailableTransitions,
-                                              f"{name}/get_available_transitions")
-        self.params = node.create_client(SetParameters, f"{name}/set_parameters")
-        for client in (self.change, self.get, self.transitions, self.params):
-            assert client.wait_for_service(timeout_sec=DISCOVERY_S), client.srv_name
-
-    @staticmethod
-    def _call(client, request, timeout_s: float = TRANSITION_S):
-        """Ask until answered (only for requests that may be repeated: reads, a parameter).
-
-        rmw drops a reply whose response writer has not matched this client yet ("client
-        will not receive response"), and the client would wait for it for ever: unanswered
-        after ``REPLY_TRY_S``, the request is sent again.
-        """
-        done = threading.Event()
-        futures = []
-        deadline = time.monotonic() + timeout_s
-        while True:
-            futures.append(client.call_async(request))
-            futures[-1].add_done_callback(lambda _: done.set())
-            if done.wait(min(REPLY_TRY_S, max(0.0, deadline - time.monotonic()))):
-                return next(f for f in futures if f.done()).result()
-            assert time.monotonic() < deadline, f"{client.srv_name} did not answer in {timeout_s} s"
-
-    def state(self) -> str:
-        return self._call(self.get, GetState.Request()).current_state.label
-
-    def available(self) -> set[str]:
-        reply = self._call(self.transitions, GetAvailableTransitions.Request())
-        return {t.transition.label for t in reply.available_transitions}
-
-    def transition(self, transition_id: int) -> tuple[bool, float]:
-        """Request a transition; return whether it succeeded and how long it took.
-
-        Sent once (a repeated transition request would be refused from the state it led to).
-        Its reply can be lost as any service reply can: while it is missing, the state read
-        back decides once it is the transition's goal (the lifecycle services are served one at
-        a time, so the read waits until a transition under way has ended).
-        """
-        t0 = time.monotonic()
-        done = threading.Event()
-        future = self.change.call_async(ChangeState.Request(
-            transition=Transition(id=transition_id)))
-        future.add_done_callback(lambda _: done.set())
-        goal = GOAL_STATE.get(transition_id)
-        while not done.wait(REPLY_TRY_S):
-            assert time.monotonic() < t0 + TRANSITION_S, \
-                f"transition {transition_id}: no reply and no goal state in {TRANSITION_S} s"
-            if goal is not None and self.state() == goal:
-                return True, time.monotonic() - t0
-        return future.result().success, time.monotonic() - t0
-
-    def set_string(self, name: str, value: str) -> tuple[bool, str]:
-        reply = self._call(self.params, SetParameters.Request(parameters=[Parameter(
-            name=name, value=ParameterValue(type=ParameterType.PARAMETER_STRING,
-                                            string_value=value))]))
-        return reply.results[0].successful, reply.results[0].reason
-
-
 def _alive(processes: list) -> list:
     """Those still running (a zombie has ended: only its exit status is left to collect)."""
     alive = []

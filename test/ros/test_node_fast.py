@@ -9,6 +9,7 @@ paths end to end with vLLM.
 from __future__ import annotations
 
 import math
+import queue
 
 import pytest
 
@@ -18,6 +19,7 @@ from diagnostic_msgs.msg import DiagnosticStatus  # noqa: E402
 from fake_engine import Script  # noqa: E402
 from inprocess_node import InProcessNode  # noqa: E402
 from rclpy.parameter import Parameter  # noqa: E402
+from sensor_msgs.msg import Image  # noqa: E402
 from waiting import wait_until  # noqa: E402
 
 from cosmos_reason_interfaces.action import Reason  # noqa: E402
@@ -133,6 +135,27 @@ def test_cancel_aborts_the_engine_request_and_keeps_the_partial_text(make_node):
     assert result.output_tokens > 0 and result.raw_text.startswith("word word")
     assert n.engine.aborted == [n.engine.requests[0].request_id]
     assert not n.engine.running
+
+
+def test_a_cancelled_goal_still_shows_its_frame_on_the_annotated_image(make_node):
+    """A viewer (the console, rqt) sees what every goal looked at, answered or not."""
+    from inprocess_node import image_msg
+
+    n = make_node(script=lambda r: Script(deltas=["word "], delay_s=0.01, endless=True))
+    drawn: queue.Queue = queue.Queue()
+    n.side.node.create_subscription(Image, "/cosmos_reason/annotated_image", drawn.put, 5)
+    wait_until(lambda: n.node.outputs.annotated.get_subscription_count(), WAIT_S,
+               "the node sees the annotated image's subscription")
+    feedback: list = []
+    handle = n.send(feedback, prompt="Describe at length.", source=Goal.SOURCE_GOAL_IMAGE,
+                    image=image_msg(7 * NS, width=64, height=48, frame_id="goal"))
+    wait_until(lambda: len(text_of(feedback)) >= 20, WAIT_S, "20 characters of feedback")
+    handle.cancel_goal_async()
+    status, _ = n.result(handle)
+    assert status == GoalStatus.STATUS_CANCELED
+    image = drawn.get(timeout=WAIT_S)  # published before the result
+    assert (image.header.frame_id, image.header.stamp.sec) == ("goal", 7)
+    assert (image.width, image.height) == (64, 48)
 
 
 def test_goal_timeout_during_generation_returns_what_was_generated(make_node):
