@@ -147,10 +147,14 @@ class FakeEngine(Engine):
         self.generated: list[str] = []  # ids of the requests that yielded a delta, in order
         self.lock = threading.Lock()
         self.changed = threading.Condition(self.lock)  # requests, running, generated, aborted
+        self.warm_up_session_key = ""
 
     @property
     def model_name(self) -> str:
         return self.model
+
+    def route_warm_up_as(self, session_key: str) -> None:
+        self.warm_up_session_key = session_key
 
     @property
     def start_failure_is_fatal(self) -> bool:

@@ -367,10 +367,12 @@ class GoalPipeline(Generic[P]):
         lifter = None if settings.depth is None or depth_history is None \
             else DepthLifter(settings.depth, depth_history, read_frame,
                              camera_model or (lambda: None))
-        return cls.for_cameras(settings, runner, cameras, read_frame, clock_ns,
-                               max_skew_s=p.cameras.max_skew_s, prefill=prefill,
-                               source_name=source_name, lifter=lifter,
-                               to_target_frame=to_target_frame)
+        pipeline = cls.for_cameras(settings, runner, cameras, read_frame, clock_ns,
+                                   max_skew_s=p.cameras.max_skew_s, prefill=prefill,
+                                   source_name=source_name, lifter=lifter,
+                                   to_target_frame=to_target_frame)
+        runner.engine.route_warm_up_as(pipeline.session_key())
+        return pipeline
 
     @property
     def default_camera(self) -> str:

@@ -75,6 +75,14 @@ class Engine(abc.ABC):
         """
         return True
 
+    def route_warm_up_as(self, session_key: str) -> None:
+        """Send ``start``'s warm-up request with this routing key (the default camera's).
+
+        Behind a router with session affinity it then warms, and counts against, the backend
+        this node's requests go to. Engines that are not routed ignore it.
+        """
+        del session_key
+
     @abc.abstractmethod
     async def start(self) -> None:
         """Load or connect, then warm up; raise ``EngineUnavailableError`` if impossible."""

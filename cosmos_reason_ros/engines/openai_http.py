@@ -544,6 +544,7 @@ class OpenAIServerEngine(Engine):
         self._active: dict[str, _InFlight] = {}
         self._starting = False
         self._closed = False
+        self._warm_up_session_key = ""
         self._encoder = RequestEncoder(config.jpeg_quality, config.thinking,
                                        config.structured_outputs_field, config.video_mode)
 
@@ -775,13 +776,22 @@ class OpenAIServerEngine(Engine):
         server.model = wanted or served[0]
         _LOG.info("model checked: model=%s url=%s", server.model, server.url)
 
+    def route_warm_up_as(self, session_key: str) -> None:
+        """Route the warm-up as the node's requests.
+
+        Without a key a router with session affinity sent it to any backend and counted it
+        there as a session: sticky_least_loaded could then place the camera elsewhere.
+        """
+        self._warm_up_session_key = session_key
+
     async def _warm_up(self, server: _Server) -> None:
         """One tiny image request, so first-request costs (compile, caches) are paid now."""
         image = np.full((_WARMUP_SIZE, _WARMUP_SIZE, 3), 128, dtype=np.uint8)
         request = ChatRequest(
             f"warmup-{uuid.uuid4().hex[:8]}",
             (Message("user", (ContentPart("image"), ContentPart("text", "Describe."))),),
-            Sampling(max_tokens=1, temperature=0.0), (image,))
+            Sampling(max_tokens=1, temperature=0.0), (image,),
+            session_key=self._warm_up_session_key)
         t0 = time.monotonic()
         try:
             async with contextlib.aclosing(self._stream(request, server)) as chunks:

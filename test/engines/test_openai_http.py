@@ -637,6 +637,15 @@ def test_session_key_goes_in_the_routing_header_of_every_request() -> None:
                 engine_for(fake_cfg(fake, session_header="")) as engine:
             await collect(engine, image_request(session_key="front"))
             assert "front" not in str(dict(fake.headers[0]))
+        async with FakeServer(good_chat()) as fake:  # the start's warm-up, routed as the node's
+            engine = OpenAIServerEngine(fake_cfg(fake, warmup=True))
+            engine.route_warm_up_as("/robot7/cosmos_reason/front")
+            try:
+                await engine.start()
+                assert fake.bodies[0]["max_tokens"] == 1  # the warm-up
+                assert fake.headers[0]["X-Session-ID"] == "/robot7/cosmos_reason/front"
+            finally:
+                await engine.close()
     run(body())
 
 

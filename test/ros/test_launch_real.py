@@ -118,8 +118,10 @@ def transition(node: NodeProcess, label: str, transition_id: int) -> None:
     assert ok and reached == state, (
         f"{label}: the node is {reached!r}, not {state!r}, asked by the command line "
         f"({cli_failure}) and by a client of its own\nthe node printed:\n{node.output[-3000:]}")
+    lines = [line for line in node.output.splitlines() if "lifecycle" in line]
     warnings.warn(f"ros2 lifecycle set {label} did not get the node there; a client of the "
-                  f"test's own did: {cli_failure}", stacklevel=2)
+                  f"test's own did: {cli_failure}; the node's lifecycle lines: {lines}",
+                  stacklevel=2)
 
 
 def skip_without_ros2() -> None:

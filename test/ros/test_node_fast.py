@@ -137,6 +137,11 @@ def test_cancel_aborts_the_engine_request_and_keeps_the_partial_text(make_node):
     assert not n.engine.running
 
 
+def test_the_engine_warm_up_is_routed_as_the_default_camera(make_node):
+    n = make_node({"engine.session_key": "robot7"})
+    assert n.engine.warm_up_session_key == "robot7/default" == n.node.pipeline.session_key()
+
+
 def test_a_cancelled_goal_still_shows_its_frame_on_the_annotated_image(make_node):
     """A viewer (the console, rqt) sees what every goal looked at, answered or not."""
     from inprocess_node import image_msg
