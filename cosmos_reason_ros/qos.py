@@ -24,9 +24,17 @@ def following_reliability(offered: Iterable[Any]) -> ReliabilityPolicy:
         else ReliabilityPolicy.RELIABLE
 
 
-def publishers_qos(node: Any, topic: str, depth: int) -> QoSProfile:
-    """Keep-last ``depth``, with the reliability ``topic``'s publishers known now call for."""
-    return QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=depth,
-                      reliability=following_reliability(
-                          info.qos_profile.reliability
-                          for info in node.get_publishers_info_by_topic(topic)))
+def keep_last(depth: int, reliability: ReliabilityPolicy) -> QoSProfile:
+    """Return a keep-last ``depth`` profile of ``reliability`` (volatile, as drivers offer)."""
+    return QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=depth, reliability=reliability)
+
+
+def publishers_qos(node: Any, topic: str, depth: int,
+                   when_none: ReliabilityPolicy = ReliabilityPolicy.RELIABLE) -> QoSProfile:
+    """Keep-last ``depth``, with the reliability ``topic``'s publishers known now call for.
+
+    ``when_none``: the reliability while no publisher is known.
+    """
+    offered = [info.qos_profile.reliability
+               for info in node.get_publishers_info_by_topic(topic)]
+    return keep_last(depth, following_reliability(offered) if offered else when_none)

@@ -44,7 +44,7 @@ from cosmos_reason_interfaces.msg import ReasoningResult
 from cosmos_reason_ros.client import GoalHandle, ReasonClient, status_name
 from cosmos_reason_ros.console.frames import CameraFrames
 from cosmos_reason_ros.core.cameras import DEFAULT_CAMERA
-from cosmos_reason_ros.qos import publishers_qos
+from cosmos_reason_ros.qos import keep_last, publishers_qos
 
 CONSOLE_NODE_NAME = "cosmos_reason_console"
 NODE_PARAMETERS = ("cameras.names", "limits.max_prompt_chars", "image.qos_reliability")
@@ -202,14 +202,10 @@ class ConsoleBridge:
 
     def _stream_qos(self, topic: str) -> QoSProfile:
         if self._reliability != "auto":
-            return QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=2,
-                              reliability=RELIABILITY[self._reliability])
+            return keep_last(2, RELIABILITY[self._reliability])
         # The node follows the camera's publishers: so does the console. With none known yet,
         # best effort, which matches whichever camera comes later.
-        if not self.node.get_publishers_info_by_topic(topic):
-            return QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=2,
-                              reliability=ReliabilityPolicy.BEST_EFFORT)
-        return publishers_qos(self.node, topic, 2)
+        return publishers_qos(self.node, topic, 2, when_none=ReliabilityPolicy.BEST_EFFORT)
 
     def camera(self, name: str) -> CameraFrames | None:
         """Return the frames of pane ``name`` (None when there is no such pane now)."""

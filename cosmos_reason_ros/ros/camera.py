@@ -33,7 +33,7 @@ from cosmos_reason_ros.core.frames import FrameHistory
 from cosmos_reason_ros.core.params import NodeParams
 from cosmos_reason_ros.core.rgbd import CameraModel
 from cosmos_reason_ros.core.types import CosmosReasonError
-from cosmos_reason_ros.qos import publishers_qos
+from cosmos_reason_ros.qos import keep_last, publishers_qos
 
 StoredMessage = tuple[bool, bytes]  # (compressed, serialized bytes)
 
@@ -168,9 +168,8 @@ class Camera:
             if old.qos_profile.reliability == ReliabilityPolicy.BEST_EFFORT:
                 return
             self._ingest.destroy_subscription(old)
-            self.subscriptions[index] = self._create(wanted, QoSProfile(
-                history=HistoryPolicy.KEEP_LAST, depth=wanted.qos.depth,
-                reliability=ReliabilityPolicy.BEST_EFFORT))
+            self.subscriptions[index] = self._create(
+                wanted, keep_last(wanted.qos.depth, ReliabilityPolicy.BEST_EFFORT))
         self.node.get_logger().warning(
             f"{wanted.topic}: a best-effort publisher appeared; subscribed best effort now "
             "(large frames lost on the way are then not resent)")
