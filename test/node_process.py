@@ -14,17 +14,17 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+from doc_blocks import doc_blocks
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 def readme_python_example() -> str:
-    """The README's Python example (its first block after the client's heading), as printed."""
-    readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
-    section = readme.index("From Python (planners, behaviour trees)")
-    match = re.compile(r"```python\n(.*?)```", re.S).search(readme, section)
-    assert match, "README.md: no python block after 'From Python (planners, behaviour trees)'"
-    return match.group(1)
+    """The README's Python example (its first block after the client's lead-in), as printed."""
+    readme = REPO_ROOT / "README.md"
+    lead_in = readme.read_text(encoding="utf-8").splitlines().index(
+        "From Python (planners, behaviour trees):") + 1
+    return next(b.source for b in doc_blocks({"python"}, [readme]) if b.line > lead_in)
 
 
 def text_schema(chars: int) -> str:

@@ -19,7 +19,6 @@ import ast
 import contextlib
 import io
 import json
-import re
 import shutil
 import socket
 import sys
@@ -27,12 +26,12 @@ import threading
 import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 rclpy = pytest.importorskip("rclpy", reason="needs the ROS 2 wheels (make setup)")
+from doc_blocks import DocBlock, doc_blocks  # noqa: E402
 from fake_engine import Script, answers_the_task, request_text  # noqa: E402
 from inprocess_node import InProcessNode  # noqa: E402
 from waiting import wait_until  # noqa: E402
@@ -41,8 +40,6 @@ from cosmos_reason_ros.core.types import ErrorCode  # noqa: E402
 
 pytestmark = [pytest.mark.ros]
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-DOCS = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("*.md"))]
 WAIT_S = 60.0  # generous: a wait that runs out means the outcome never came
 VERDICT = {"answer": "yes", "reason": "The part is in the gripper."}  # answers_the_task's
 PYTHON_FENCES = {"python", "py", "python3"}
@@ -52,48 +49,7 @@ MCP_TOOLS = {"ask", "ground", "point", "verify", "count", "cameras", "snapshot"}
 # --- the blocks in the docs ----------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class DocBlock:
-    """One ``python`` block: its document, section heading, first line and source."""
-
-    doc: str  # "README.md", "PLANNERS.md"
-    heading: str  # the nearest heading above it, without the #s
-    line: int  # the block's first line of code in the document
-    source: str
-
-    @property
-    def key(self) -> str:
-        return f"{self.doc}: {self.heading}"
-
-
-def python_blocks() -> list[DocBlock]:
-    """Every python block of the docs, with the heading of the section it is in.
-
-    Headings are read outside code blocks only (a ``#`` comment in a block is not one). A
-    second python block in one section is keyed ``<heading> #2``.
-    """
-    blocks: list[DocBlock] = []
-    for doc in DOCS:
-        heading, fence, start, body = "", None, 0, []
-        seen: dict[str, int] = {}
-        for number, line in enumerate(doc.read_text(encoding="utf-8").splitlines(), 1):
-            if fence is None:
-                if line.startswith("```"):
-                    fence, start, body = line[3:].strip().lower(), number + 1, []
-                elif re.match(r"#+ ", line):
-                    heading = line.lstrip("#").strip()
-            elif line.startswith("```"):
-                if fence in PYTHON_FENCES:
-                    seen[heading] = seen.get(heading, 0) + 1
-                    name = heading if seen[heading] == 1 else f"{heading} #{seen[heading]}"
-                    blocks.append(DocBlock(doc.name, name, start, "\n".join(body) + "\n"))
-                fence = None
-            else:
-                body.append(line)
-    return blocks
-
-
-BLOCKS = python_blocks()
+BLOCKS = doc_blocks(PYTHON_FENCES)
 
 
 # --- how each block is run -----------------------------------------------------------------

@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -33,6 +32,7 @@ import pytest
 
 rclpy = pytest.importorskip("rclpy", reason="needs the ROS 2 wheels (make setup)")
 from action_msgs.msg import GoalStatus  # noqa: E402
+from doc_blocks import REPO_ROOT, doc_blocks  # noqa: E402
 from fake_engine import TASK_ANSWERS, answers_the_task  # noqa: E402
 from inprocess_node import BASE_PARAMS, InProcessNode  # noqa: E402
 
@@ -98,10 +98,9 @@ rclpy.shutdown()
 def documented_camera_profile(tmp_path: Path) -> dict[str, str]:
     """The camera process's environment with the Fast DDS profile RELIABILITY.md gives a
     best-effort raw camera driver (a larger shared-memory segment on the writer's side)."""
-    text = (Path(__file__).resolve().parents[2] / "docs" / "RELIABILITY.md").read_text()
-    (xml,) = re.findall(r"```xml\n(.*?)```", text, re.S)
+    (xml,) = doc_blocks({"xml"}, [REPO_ROOT / "docs" / "RELIABILITY.md"])
     profile = tmp_path / "camera_profile.xml"
-    profile.write_text(xml)
+    profile.write_text(xml.source)
     return {**os.environ, "FASTDDS_DEFAULT_PROFILES_FILE": str(profile)}
 
 

@@ -9,30 +9,29 @@ here, not on a robot.
 
 from __future__ import annotations
 
-import re
-from pathlib import Path
+from collections import Counter
 
 import pytest
 
 rclpy = pytest.importorskip("rclpy", reason="needs the ROS 2 wheels (make setup)")
+from doc_blocks import REPO_ROOT, doc_blocks  # noqa: E402
 from rclpy.context import Context  # noqa: E402
 
 from cosmos_reason_ros.ros.config import declare_and_load  # noqa: E402
 
 pytestmark = [pytest.mark.ros]
 
-REPO = Path(__file__).resolve().parents[2]
-DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
-_BLOCK = re.compile(r"^```yaml\n(.*?)^```", re.MULTILINE | re.DOTALL)
 # The preset a documented node block is applied on top of (its section says which).
 _PRESET_OF = {"DEPLOYMENT.md": "remote_server"}
 
 
 def yaml_blocks() -> list[tuple[str, str]]:
+    """(``<doc>#<n>``, text) of every yaml block, numbered from 0 in each document."""
+    numbered: Counter[str] = Counter()
     blocks = []
-    for doc in DOCS:
-        for i, match in enumerate(_BLOCK.finditer(doc.read_text(encoding="utf-8"))):
-            blocks.append((f"{doc.name}#{i}", match.group(1)))
+    for block in doc_blocks({"yaml"}):
+        blocks.append((f"{block.doc}#{numbered[block.doc]}", block.source))
+        numbered[block.doc] += 1
     return blocks
 
 
@@ -50,7 +49,7 @@ def test_documented_yaml_block_loads_as_a_params_file(tmp_path, name, text):
     args = ["--ros-args"]
     preset = _PRESET_OF.get(name.split("#")[0])
     if preset is not None:
-        args += ["--params-file", str(REPO / "config" / f"{preset}.yaml")]
+        args += ["--params-file", str(REPO_ROOT / "config" / f"{preset}.yaml")]
     args += ["--params-file", str(block)]
     context = Context()
     rclpy.init(context=context, args=[])
