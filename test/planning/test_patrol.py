@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import ast
 import shlex
-import signal
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +24,7 @@ pytest.importorskip("py_trees", reason="needs py-trees (make setup)")
 from fake_engine import Script, answers_the_task, request_text  # noqa: E402
 from geometry_msgs.msg import PoseStamped  # noqa: E402
 from inprocess_node import InProcessNode  # noqa: E402
+from patrol_process import patrol_until_a_pose  # noqa: E402
 from sensor_msgs.msg import CameraInfo, Image  # noqa: E402
 from waiting import wait_until  # noqa: E402
 
@@ -107,43 +106,21 @@ def test_patrol_publishes_the_obstacle_pose_with_depth(nodes):
     info = side.create_publisher(CameraInfo, "/camera_info", 10)
     poses: list[PoseStamped] = []
     side.create_subscription(PoseStamped, "/reason_patrol/obstacle_pose", poses.append, 10)
-    stop = threading.Event()
+    camera_info = CameraInfo(width=W, height=H, k=list(K), d=[0.0] * 5,
+                             distortion_model="plumb_bob")
+    camera_info.header.frame_id = "camera"
 
-    def rgbd_camera() -> None:  # a registered RGB-D camera at 10 Hz: a plane 1 m away
-        camera_info = CameraInfo(width=W, height=H, k=list(K), d=[0.0] * 5,
-                                 distortion_model="plumb_bob")
-        camera_info.header.frame_id = "camera"
-        while not stop.is_set():
-            stamp = n.side.now_ns()
-            info.publish(camera_info)
-            depth.publish(depth_msg(stamp, 1.0))
-            n.publish(stamp, width=W, height=H)
-            stop.wait(0.1)  # paces: the camera's frame rate
+    def rgbd_frame() -> None:  # a registered RGB-D camera at 10 Hz: a plane 1 m away
+        stamp = n.side.now_ns()
+        info.publish(camera_info)
+        depth.publish(depth_msg(stamp, 1.0))
+        n.publish(stamp, width=W, height=H)
 
-    camera = threading.Thread(target=rgbd_camera, daemon=True)
-    camera.start()
-    proc = None
-    try:
-        # The node lifts once depth and CameraInfo have arrived: wait for that outcome.
+    def lifting() -> None:  # the node lifts once depth and CameraInfo have arrived
         wait_until(lambda: n.ask(task="ground", targets=["pallet"])[1].lift_code
                    == ReasoningResult.LIFT_OK, WAIT_S, "a lifted box", poll_s=0.2)
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "cosmos_reason_ros.planning.patrol", "--obstacle", "pallet",
-             "--period-s", "0.2"], cwd=REPO_ROOT, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, text=True)
-        # Cycles go on until a pose reaches this subscriber (discovery between processes
-        # decides which cycle's pose is the first one it gets).
-        wait_until(lambda: poses or proc.poll() is not None, WAIT_S, "an obstacle pose")
-        assert proc.poll() is None, proc.communicate()
-        proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=60)
-    finally:
-        stop.set()
-        camera.join()
-        if proc is not None and proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    assert proc.returncode == 0, f"stdout:\n{out}\nstderr:\n{err[-3000:]}"
+
+    out, _ = patrol_until_a_pose(poses, rgbd_frame, 0.1, ready=lifting)
     pose = poses[0]
     assert pose.header.frame_id == "camera"
     p, q = pose.pose.position, pose.pose.orientation

@@ -10,10 +10,7 @@ publishes the obstacle's pose in the camera's frame.
 
 from __future__ import annotations
 
-import signal
-import subprocess
-import sys
-import threading
+import itertools
 from pathlib import Path
 
 import pytest
@@ -24,16 +21,14 @@ pytest.importorskip("rosbags", reason="needs rosbags (make setup)")
 from fake_engine import Script, request_text  # noqa: E402
 from geometry_msgs.msg import PoseStamped  # noqa: E402
 from inprocess_node import InProcessNode  # noqa: E402
+from patrol_process import patrol_until_a_pose  # noqa: E402
 from rclpy.serialization import deserialize_message  # noqa: E402
 from sensor_msgs.msg import CameraInfo, Image  # noqa: E402
-from waiting import wait_until  # noqa: E402
 
 from cosmos_reason_ros.eval import bagio, demo_recording  # noqa: E402
 from cosmos_reason_ros.ros.messages import ns_to_stamp  # noqa: E402
 
 pytestmark = [pytest.mark.ros, pytest.mark.slow]  # starts a process: the real tier
-REPO_ROOT = Path(__file__).resolve().parents[2]
-WAIT_S = 90.0  # generous: a wait that runs out means the outcome never came
 BLOCKED = '{"answer": "no", "reason": "A pallet blocks the aisle."}'
 MIDDLE = '[{"bbox_2d": [400, 400, 600, 600], "label": "pallet"}]'  # Reason2: 0-1000 per axis
 
@@ -72,43 +67,21 @@ def test_patrol_publishes_the_obstacle_pose_on_the_demo_recording(tmp_path):
     info = side.create_publisher(CameraInfo, "/camera_info", 10)
     poses: list[PoseStamped] = []
     side.create_subscription(PoseStamped, "/reason_patrol/obstacle_pose", poses.append, 10)
-    stop = threading.Event()
+    played = itertools.count()
 
     def play() -> None:  # the recording in a loop at its 15 Hz, each frame stamped now
-        i = 0
-        while not stop.is_set():
-            colour, depth_image, camera_info = frames[i % len(frames)]
-            stamp = ns_to_stamp(n.side.now_ns())
-            for msg in (colour, depth_image, camera_info):
-                msg.header.stamp = stamp
-            info.publish(camera_info)
-            depth.publish(depth_image)
-            n.camera.publish(colour)
-            i += 1
-            stop.wait(1.0 / demo_recording.RecordingParams().fps)
+        colour, depth_image, camera_info = frames[next(played) % len(frames)]
+        stamp = ns_to_stamp(n.side.now_ns())
+        for msg in (colour, depth_image, camera_info):
+            msg.header.stamp = stamp
+        info.publish(camera_info)
+        depth.publish(depth_image)
+        n.camera.publish(colour)
 
-    player = threading.Thread(target=play, daemon=True)
-    player.start()
-    proc = None
     try:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "cosmos_reason_ros.planning.patrol", "--obstacle", "pallet",
-             "--period-s", "0.2"], cwd=REPO_ROOT, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, text=True)
-        # Early cycles may come before the node has depth and CameraInfo (no pose then):
-        # cycles go on until a pose reaches this subscriber.
-        wait_until(lambda: poses or proc.poll() is not None, WAIT_S, "an obstacle pose")
-        assert proc.poll() is None, proc.communicate()
-        proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=60)
+        out, _ = patrol_until_a_pose(poses, play, 1.0 / demo_recording.RecordingParams().fps)
     finally:
-        stop.set()
-        player.join()
-        if proc is not None and proc.poll() is None:
-            proc.kill()
-            proc.communicate()
         n.close()
-    assert proc.returncode == 0, f"stdout:\n{out}\nstderr:\n{err[-3000:]}"
     colour_frame = frames[0][0].header.frame_id
     pose = poses[0]
     assert pose.header.frame_id == colour_frame
