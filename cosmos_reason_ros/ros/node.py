@@ -691,7 +691,11 @@ class ReasonNode(LifecycleNode):
                 f"total_s={time.monotonic() - t_accept:.3f} parsed={','.join(msg.parsed)}")
         except CosmosReasonError as e:
             self._end_with_error(goal_handle, msg, e)
-            self.outputs.publish_drawings(msg, media, answered=False)
+            try:  # the viewers' copy of its frames: never at the cost of the goal's result
+                self.outputs.publish_drawings(msg, media, answered=False)
+            except Exception as drawing:  # noqa: BLE001
+                self.get_logger().warning(
+                    f"goal {msg.goal_id[:8]}: frames not published: {drawing!r}")
         except Exception as e:  # noqa: BLE001 - the boundary: a goal must always end
             self.get_logger().error(f"goal {msg.goal_id[:8]}: internal error: {e!r}")
             self._end_with_error(goal_handle, msg, EngineError(f"internal error: {e!r}"))
