@@ -6,7 +6,9 @@ module as their main. Users start the installed ``cosmos_reason_node`` executabl
 (``ros2 run``) or through ``ros2 launch``: there the main module is the console-script wrapper,
 a different path through multiprocessing's spawn. Here the engine processes of a node started
 either way must end with it when it is SIGKILLed, and the real ``ros2 lifecycle`` and
-``ros2 param`` command lines drive and read the launched node. A fast test first shows, on a
+``ros2 param`` command lines drive and read the launched node. ``ros2 launch`` itself ended
+by SIGTERM (``systemctl stop``, ``docker stop``) or SIGKILL must take the node and its engine
+with it (launch orphans what it started on SIGTERM). A fast test first shows, on a
 wrapper of the same shape, which main module spawned children run with and without
 ``process_life.spawn_children_from``.
 
