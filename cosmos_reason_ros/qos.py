@@ -11,10 +11,15 @@ camera's 10 Hz.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
+
+try:  # Iron and later; Humble has it in rclpy.qos_event (deprecated there since Iron)
+    from rclpy.event_handler import SubscriptionEventCallbacks
+except ImportError:  # pragma: no cover - Humble
+    from rclpy.qos_event import SubscriptionEventCallbacks
 
 
 def following_reliability(offered: Iterable[Any]) -> ReliabilityPolicy:
@@ -38,3 +43,15 @@ def publishers_qos(node: Any, topic: str, depth: int,
     offered = [info.qos_profile.reliability
                for info in node.get_publishers_info_by_topic(topic)]
     return keep_last(depth, following_reliability(offered) if offered else when_none)
+
+
+def on_best_effort_publisher(
+        qos: QoSProfile, resubscribe: Callable[[], None]) -> SubscriptionEventCallbacks | None:
+    """Return the events of a subscription with ``qos`` that calls ``resubscribe`` on need.
+
+    For a reliable one: when a best-effort publisher appears, which a reliable reader never
+    matches (``resubscribe`` then subscribes best effort). None for a best-effort one.
+    """
+    if qos.reliability != ReliabilityPolicy.RELIABLE:
+        return None
+    return SubscriptionEventCallbacks(incompatible_qos=lambda _event: resubscribe())

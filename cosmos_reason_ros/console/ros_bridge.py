@@ -44,7 +44,7 @@ from cosmos_reason_interfaces.msg import ReasoningResult
 from cosmos_reason_ros.client import GoalHandle, ReasonClient, status_name
 from cosmos_reason_ros.console.frames import CameraFrames
 from cosmos_reason_ros.core.cameras import DEFAULT_CAMERA
-from cosmos_reason_ros.qos import keep_last, publishers_qos
+from cosmos_reason_ros.qos import keep_last, on_best_effort_publisher, publishers_qos
 
 CONSOLE_NODE_NAME = "cosmos_reason_console"
 NODE_PARAMETERS = ("cameras.names", "limits.max_prompt_chars", "image.qos_reliability")
@@ -183,9 +183,8 @@ class ConsoleBridge:
                 streams = [(Image, t.stream_topic, False),
                            (CompressedImage, f"{t.stream_topic.rstrip('/')}/compressed", True)]
             for msg_type, topic, compressed in streams:
-                subscriptions.append(self.node.create_subscription(
-                    msg_type, topic, _storer(frames, compressed), self._stream_qos(topic),
-                    raw=True))
+                subscriptions.append(self._stream_subscription(
+                    msg_type, topic, frames, compressed, self._stream_qos(topic)))
             subscriptions.append(self.node.create_subscription(
                 Image, t.annotated_topic, _annotated_storer(frames, self.events, t.name),
                 ANNOTATED_QOS, raw=True))
@@ -193,6 +192,34 @@ class ConsoleBridge:
             self.cameras, self.topics = cameras, topics
             self._camera_subscriptions = subscriptions
         self._reliability_subscribed = self._reliability
+
+    def _stream_subscription(self, msg_type: type, topic: str, frames: CameraFrames,
+                             compressed: bool, qos: QoSProfile) -> Any:
+        events = None
+        if self._reliability == "auto":  # following the camera, as the node's camera does
+            events = on_best_effort_publisher(qos, lambda: self._stream_to_best_effort(
+                msg_type, topic, frames, compressed))
+        return self.node.create_subscription(msg_type, topic, _storer(frames, compressed), qos,
+                                             raw=True, event_callbacks=events)
+
+    def _stream_to_best_effort(self, msg_type: type, topic: str, frames: CameraFrames,
+                               compressed: bool) -> None:
+        """Resubscribe a stream best effort (the node's camera does the same).
+
+        Called when a best-effort camera appeared after the reliable subscription was made.
+        """
+        with self._lock:
+            index = next((i for i, s in enumerate(self._camera_subscriptions)
+                          if s.topic_name == topic and s.msg_type is msg_type), None)
+            if index is None:  # the panes were subscribed anew meanwhile
+                return
+            old = self._camera_subscriptions[index]
+            if old.qos_profile.reliability == ReliabilityPolicy.BEST_EFFORT:
+                return
+            self.node.destroy_subscription(old)
+            self._camera_subscriptions[index] = self._stream_subscription(
+                msg_type, topic, frames, compressed,
+                keep_last(old.qos_profile.depth, ReliabilityPolicy.BEST_EFFORT))
 
     def stream_reliabilities(self) -> dict[str, ReliabilityPolicy]:
         """Return each camera subscription's reliability now, by topic."""

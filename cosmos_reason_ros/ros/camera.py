@@ -22,18 +22,13 @@ from rclpy.node import Node
 from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
 from sensor_msgs.msg import CameraInfo, CompressedImage, Image
 
-try:  # Iron and later; Humble has it in rclpy.qos_event (deprecated there since Iron)
-    from rclpy.event_handler import SubscriptionEventCallbacks
-except ImportError:  # pragma: no cover - Humble
-    from rclpy.qos_event import SubscriptionEventCallbacks
-
 from cosmos_reason_ros.core import cdr
 from cosmos_reason_ros.core.cameras import DEFAULT_CAMERA
 from cosmos_reason_ros.core.frames import FrameHistory
 from cosmos_reason_ros.core.params import NodeParams
 from cosmos_reason_ros.core.rgbd import CameraModel
 from cosmos_reason_ros.core.types import CosmosReasonError
-from cosmos_reason_ros.qos import keep_last, publishers_qos
+from cosmos_reason_ros.qos import keep_last, on_best_effort_publisher, publishers_qos
 
 StoredMessage = tuple[bool, bytes]  # (compressed, serialized bytes)
 
@@ -147,10 +142,8 @@ class Camera:
         return publishers_qos(self._ingest, wanted.topic, wanted.qos.depth)
 
     def _create(self, wanted: _Wanted, qos: QoSProfile) -> Any:
-        events = None
-        if wanted.follow and qos.reliability == ReliabilityPolicy.RELIABLE:
-            events = SubscriptionEventCallbacks(
-                incompatible_qos=lambda _event: self._to_best_effort(wanted))
+        events = on_best_effort_publisher(qos, lambda: self._to_best_effort(wanted)) \
+            if wanted.follow else None
         return self._ingest.create_subscription(
             wanted.msg_type, wanted.topic, wanted.callback, qos, raw=wanted.raw,
             event_callbacks=events)

@@ -10,6 +10,7 @@ publishers' reliability (``image.qos_reliability: auto``), the console does too.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import pytest
 
@@ -22,9 +23,12 @@ from console_client import (  # noqa: E402
     publishing,
 )
 from fake_engine import answers_the_task  # noqa: E402
-from inprocess_node import InProcessNode  # noqa: E402
+from inprocess_node import InProcessNode, image_msg  # noqa: E402
 from rclpy.qos import ReliabilityPolicy  # noqa: E402
+from sensor_msgs.msg import Image  # noqa: E402
 from waiting import wait_until  # noqa: E402
+
+from cosmos_reason_ros.qos import keep_last  # noqa: E402
 
 pytestmark = [pytest.mark.ros]
 
@@ -74,6 +78,49 @@ def test_a_console_follows_the_cameras_publishers_when_the_node_does() -> None:
 
     try:
         with publishing(lambda: stamps.append(node.publish())):
+            asyncio.run(test())
+    finally:
+        node.close()
+
+
+def test_a_best_effort_camera_replacing_a_reliable_one_still_reaches_the_console() -> None:
+    # Subscribed reliable (the camera published reliable), the console would never match a
+    # best-effort publisher that comes later: it resubscribes best effort, as the node does.
+    node = InProcessNode({"image.qos_reliability": "auto", "diagnostics.period_s": 0.2},
+                         script=answers_the_task)
+    stamps: list[int] = []  # the best-effort camera's
+    camera = [node.publish]  # the reliable camera first
+
+    def best_effort_camera() -> Callable[[], int]:
+        publisher = node.side.node.create_publisher(
+            Image, "/image", keep_last(2, ReliabilityPolicy.BEST_EFFORT))
+
+        def publish() -> int:
+            stamp = node.side.now_ns()
+            publisher.publish(image_msg(stamp))
+            stamps.append(stamp)
+            return stamp
+        return publish
+
+    async def test() -> None:
+        async with console_session(fps=20.0) as (console, client):
+            bridge = console.bridge
+            wait_until(lambda: bridge.stream_reliabilities().get("/image")
+                       == ReliabilityPolicy.RELIABLE, WAIT_S,
+                       "the console subscribed as the reliable camera publishes")
+            camera[0] = best_effort_camera()  # appears after the subscription
+            wait_until(lambda: bridge.stream_reliabilities().get("/image")
+                       == ReliabilityPolicy.BEST_EFFORT, WAIT_S,
+                       "the console resubscribed best effort")
+            ws = await client.ws_connect("/ws")
+            await next_json(ws, "hello")
+            header, _ = await next_picture(ws)
+            while int(header["stamp"]) not in stamps:  # pictures of the reliable camera first
+                header, _ = await next_picture(ws)
+            await ws.close()
+
+    try:
+        with publishing(lambda: camera[0]()):
             asyncio.run(test())
     finally:
         node.close()
