@@ -55,3 +55,18 @@ def on_best_effort_publisher(
     if qos.reliability != ReliabilityPolicy.RELIABLE:
         return None
     return SubscriptionEventCallbacks(incompatible_qos=lambda _event: resubscribe())
+
+
+def resubscribe_best_effort(node: Any, subscriptions: list[Any], index: int,
+                            create: Callable[[QoSProfile], Any]) -> bool:
+    """Replace reliable ``subscriptions[index]`` by ``create`` (best effort, its depth).
+
+    ``node`` owns the subscription. Returns False when it was best effort already.
+    """
+    old = subscriptions[index]
+    if old.qos_profile.reliability == ReliabilityPolicy.BEST_EFFORT:
+        return False
+    node.destroy_subscription(old)
+    subscriptions[index] = create(keep_last(old.qos_profile.depth,
+                                            ReliabilityPolicy.BEST_EFFORT))
+    return True

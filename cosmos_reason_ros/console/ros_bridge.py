@@ -44,7 +44,12 @@ from cosmos_reason_interfaces.msg import ReasoningResult
 from cosmos_reason_ros.client import GoalHandle, ReasonClient, status_name
 from cosmos_reason_ros.console.frames import CameraFrames
 from cosmos_reason_ros.core.cameras import DEFAULT_CAMERA
-from cosmos_reason_ros.qos import keep_last, on_best_effort_publisher, publishers_qos
+from cosmos_reason_ros.qos import (
+    keep_last,
+    on_best_effort_publisher,
+    publishers_qos,
+    resubscribe_best_effort,
+)
 
 CONSOLE_NODE_NAME = "cosmos_reason_console"
 NODE_PARAMETERS = ("cameras.names", "limits.max_prompt_chars", "image.qos_reliability")
@@ -213,13 +218,9 @@ class ConsoleBridge:
                           if s.topic_name == topic and s.msg_type is msg_type), None)
             if index is None:  # the panes were subscribed anew meanwhile
                 return
-            old = self._camera_subscriptions[index]
-            if old.qos_profile.reliability == ReliabilityPolicy.BEST_EFFORT:
-                return
-            self.node.destroy_subscription(old)
-            self._camera_subscriptions[index] = self._stream_subscription(
-                msg_type, topic, frames, compressed,
-                keep_last(old.qos_profile.depth, ReliabilityPolicy.BEST_EFFORT))
+            resubscribe_best_effort(self.node, self._camera_subscriptions, index,
+                                    lambda qos: self._stream_subscription(
+                                        msg_type, topic, frames, compressed, qos))
 
     def stream_reliabilities(self) -> dict[str, ReliabilityPolicy]:
         """Return each camera subscription's reliability now, by topic."""

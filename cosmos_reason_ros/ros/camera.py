@@ -28,7 +28,11 @@ from cosmos_reason_ros.core.frames import FrameHistory
 from cosmos_reason_ros.core.params import NodeParams
 from cosmos_reason_ros.core.rgbd import CameraModel
 from cosmos_reason_ros.core.types import CosmosReasonError
-from cosmos_reason_ros.qos import keep_last, on_best_effort_publisher, publishers_qos
+from cosmos_reason_ros.qos import (
+    on_best_effort_publisher,
+    publishers_qos,
+    resubscribe_best_effort,
+)
 
 StoredMessage = tuple[bool, bytes]  # (compressed, serialized bytes)
 
@@ -157,12 +161,9 @@ class Camera:
             index = self._wanted.index(wanted)
             if index >= len(self.subscriptions):  # unsubscribed meanwhile
                 return
-            old = self.subscriptions[index]
-            if old.qos_profile.reliability == ReliabilityPolicy.BEST_EFFORT:
+            if not resubscribe_best_effort(self._ingest, self.subscriptions, index,
+                                           lambda qos: self._create(wanted, qos)):
                 return
-            self._ingest.destroy_subscription(old)
-            self.subscriptions[index] = self._create(
-                wanted, keep_last(wanted.qos.depth, ReliabilityPolicy.BEST_EFFORT))
         self.node.get_logger().warning(
             f"{wanted.topic}: a best-effort publisher appeared; subscribed best effort now "
             "(large frames lost on the way are then not resent)")
