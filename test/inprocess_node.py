@@ -279,9 +279,26 @@ class InProcessNode:
             fb.feedback)) if received is not None else None)
         return _wait_future(future, 30.0)
 
-    def result(self, handle: Any, timeout_s: float = 30.0) -> tuple[int, ReasoningResult]:
-        """Wait for a goal's result: (action status, result message)."""
-        response = _wait_future(self.on_client_thread(handle.get_result_async), timeout_s)
+    def result(self, handle: Any, timeout_s: float = 30.0,
+               ask_again_s: float | None = None) -> tuple[int, ReasoningResult]:
+        """Wait for a goal's result: (action status, result message).
+
+        ``ask_again_s``: while no answer has come, ask again at this period, as a recovering
+        client (``ReasonClient``) does: a result request or its reply can be lost between
+        participants like any service's, and a node that is stopping serves result requests
+        only a short while after the last one.
+        """
+        answered = threading.Event()
+        futures: list[Any] = []
+        deadline = time.monotonic() + timeout_s
+        while True:
+            futures.append(self.on_client_thread(handle.get_result_async))
+            futures[-1].add_done_callback(lambda _future: answered.set())
+            left = deadline - time.monotonic()
+            if answered.wait(max(0.0, left if ask_again_s is None else min(ask_again_s, left))):
+                break
+            assert time.monotonic() < deadline, "timed out waiting for the action server"
+        response = next(f for f in futures if f.done()).result()
         return response.status, response.result.result
 
     def ask(self, feedback: list[Any] | None = None, **fields: Any) -> tuple[int,
