@@ -35,6 +35,20 @@ pytestmark = [pytest.mark.ros]
 REMAPPED = "/front/image_raw"
 
 
+def subscribed_knowing_the_camera(bridge) -> None:
+    """Arrange a console following the node (``auto``) that has subscribed knowing the camera.
+
+    A console that subscribed before its participant had discovered the camera took best
+    effort (it matches whichever camera comes); once the camera is known it subscribes again,
+    as a console started then would.
+    """
+    wait_until(lambda: bridge._reliability_subscribed == "auto", WAIT_S,
+               "the console read the node's image.qos_reliability")
+    wait_until(lambda: bridge.node.get_publishers_info_by_topic("/image"), WAIT_S,
+               "the console's participant knows the camera")
+    bridge._subscribe_cameras(list(bridge.topics))
+
+
 def test_a_console_without_a_topic_shows_the_nodes_remapped_camera() -> None:
     node = InProcessNode({"image.max_age_s": 0.0, "diagnostics.period_s": 0.2},
                          script=answers_the_task, image_topic=REMAPPED)
@@ -66,8 +80,7 @@ def test_a_console_follows_the_cameras_publishers_when_the_node_does() -> None:
     async def test() -> None:
         async with console_session(fps=20.0) as (console, client):
             bridge = console.bridge
-            wait_until(lambda: bridge._reliability_subscribed == "auto", WAIT_S,
-                       "the console read the node's image.qos_reliability")
+            subscribed_knowing_the_camera(bridge)
             streams = bridge.stream_reliabilities()
             assert streams["/image"] == ReliabilityPolicy.RELIABLE, streams
             ws = await client.ws_connect("/ws")
@@ -105,9 +118,8 @@ def test_a_best_effort_camera_replacing_a_reliable_one_still_reaches_the_console
     async def test() -> None:
         async with console_session(fps=20.0) as (console, client):
             bridge = console.bridge
-            wait_until(lambda: bridge.stream_reliabilities().get("/image")
-                       == ReliabilityPolicy.RELIABLE, WAIT_S,
-                       "the console subscribed as the reliable camera publishes")
+            subscribed_knowing_the_camera(bridge)
+            assert bridge.stream_reliabilities()["/image"] == ReliabilityPolicy.RELIABLE
             camera[0] = best_effort_camera()  # appears after the subscription
             wait_until(lambda: bridge.stream_reliabilities().get("/image")
                        == ReliabilityPolicy.BEST_EFFORT, WAIT_S,
