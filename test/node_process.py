@@ -104,7 +104,7 @@ def lifecycle_set(node: str, transition: str, state: str, tries: int = 3) -> Non
         except AssertionError as e:
             seen.append(f"set: {e}")
         now = ros2("lifecycle", "get", node, within_s=TRANSITION_S)
-        if state in now:
+        if now.strip() == state:  # the whole line: "active [" is inside "inactive [2]"
             return
         seen.append(f"then: {now.strip()!r}")
     raise AssertionError(f"{node} never reached {state!r} by {transition}: {seen}")

@@ -33,7 +33,7 @@ import pytest
 
 pytest.importorskip("rclpy", reason="needs the ROS 2 wheels (make setup)")
 from lifecycle_manager import GOAL_STATE, Manager  # noqa: E402
-from lifecycle_msgs.msg import Transition  # noqa: E402
+from lifecycle_msgs.msg import State, Transition  # noqa: E402
 from node_process import (  # noqa: E402
     NodeProcess,
     ProcessTree,
@@ -93,6 +93,12 @@ class PlainLaunchedNode(LaunchedNode):
     autostart = True
 
 
+# What `ros2 lifecycle get` prints after the label: the primary state's id.
+STATE_ID = {"unconfigured": State.PRIMARY_STATE_UNCONFIGURED,
+            "inactive": State.PRIMARY_STATE_INACTIVE, "active": State.PRIMARY_STATE_ACTIVE,
+            "finalized": State.PRIMARY_STATE_FINALIZED}
+
+
 def transition(node: NodeProcess, label: str, transition_id: int) -> None:
     """``ros2 lifecycle set /cosmos_reason <label>``; the state read back decides.
 
@@ -106,7 +112,7 @@ def transition(node: NodeProcess, label: str, transition_id: int) -> None:
     """
     state = GOAL_STATE[transition_id]
     try:
-        lifecycle_set("/cosmos_reason", label, f"{state} [", tries=2)
+        lifecycle_set("/cosmos_reason", label, f"{state} [{STATE_ID[state]}]", tries=2)
         return
     except AssertionError as e:
         cli_failure = str(e)
