@@ -31,7 +31,7 @@ from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
 from sensor_msgs.msg import CompressedImage, Image
 from spun_node import SpinThread, SpunNode
 from unique_identifier_msgs.msg import UUID
-from waiting import DISCOVERY_S
+from waiting import DISCOVERY_S, ask_until_answered
 
 from cosmos_reason_interfaces.action import Reason
 from cosmos_reason_interfaces.msg import ReasoningResult
@@ -288,17 +288,9 @@ class InProcessNode:
         participants like any service's, and a node that is stopping serves result requests
         only a short while after the last one.
         """
-        answered = threading.Event()
-        futures: list[Any] = []
-        deadline = time.monotonic() + timeout_s
-        while True:
-            futures.append(self.on_client_thread(handle.get_result_async))
-            futures[-1].add_done_callback(lambda _future: answered.set())
-            left = deadline - time.monotonic()
-            if answered.wait(max(0.0, left if ask_again_s is None else min(ask_again_s, left))):
-                break
-            assert time.monotonic() < deadline, "timed out waiting for the action server"
-        response = next(f for f in futures if f.done()).result()
+        response = ask_until_answered(
+            lambda: self.on_client_thread(handle.get_result_async), timeout_s,
+            timeout_s if ask_again_s is None else ask_again_s, "the action server's result")
         return response.status, response.result.result
 
     def ask(self, feedback: list[Any] | None = None, **fields: Any) -> tuple[int,

@@ -14,7 +14,7 @@ from lifecycle_msgs.srv import ChangeState, GetAvailableTransitions, GetState
 from rcl_interfaces.msg import Parameter, ParameterType, ParameterValue
 from rcl_interfaces.srv import SetParameters
 from spun_node import SpunNode
-from waiting import DISCOVERY_S
+from waiting import DISCOVERY_S, ask_until_answered
 
 NODE = "/cosmos_reason"
 TRANSITION_S = 300.0  # a transition (an engine start) or a call: past it, it never ended
@@ -50,15 +50,8 @@ class Manager:
         will not receive response"), and the client would wait for it for ever: unanswered
         after ``REPLY_TRY_S``, the request is sent again.
         """
-        done = threading.Event()
-        futures = []
-        deadline = time.monotonic() + timeout_s
-        while True:
-            futures.append(client.call_async(request))
-            futures[-1].add_done_callback(lambda _: done.set())
-            if done.wait(min(REPLY_TRY_S, max(0.0, deadline - time.monotonic()))):
-                return next(f for f in futures if f.done()).result()
-            assert time.monotonic() < deadline, f"{client.srv_name} did not answer in {timeout_s} s"
+        return ask_until_answered(lambda: client.call_async(request), timeout_s,
+                                  REPLY_TRY_S, client.srv_name)
 
     def state(self) -> str:
         return self._call(self.get, GetState.Request()).current_state.label

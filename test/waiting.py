@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -47,3 +48,23 @@ async def async_wait_until(condition: Callable[[], Any | Awaitable[Any]], timeou
             return value
         assert time.monotonic() < deadline, f"{what}: not within {timeout_s:g} s"
         await asyncio.sleep(poll_s)
+
+
+def ask_until_answered(ask: Callable[[], Any], timeout_s: float, again_s: float,
+                       what: str) -> Any:
+    """Return the result of the first answered request that ``ask()`` sends.
+
+    ``ask`` sends one request (one that may be repeated: a read, a result request) and
+    returns its future. A request or its reply can be lost between participants (rmw drops
+    a reply whose reader it has not matched yet), and the future would then wait for ever:
+    unanswered after ``again_s``, the request is sent again, until ``timeout_s``.
+    """
+    answered = threading.Event()
+    futures: list[Any] = []
+    deadline = time.monotonic() + timeout_s
+    while True:
+        futures.append(ask())
+        futures[-1].add_done_callback(lambda _future: answered.set())
+        if answered.wait(max(0.0, min(again_s, deadline - time.monotonic()))):
+            return next(f for f in futures if f.done()).result()
+        assert time.monotonic() < deadline, f"{what}: no answer within {timeout_s:g} s"
