@@ -10,7 +10,7 @@ setup(
     packages=find_packages(exclude=["test", "test.*"]),
     # The console's page (HTML, CSS, JavaScript), served from the installed package.
     package_data={"cosmos_reason_ros.console": ["static/*"],
-                  "cosmos_reason_ros.ros": ["*.xml"]},
+                  "cosmos_reason_ros": ["*.xml"]},
     data_files=[
         ("share/ament_index/resource_index/packages", [f"resource/{package_name}"]),
         (f"share/{package_name}", ["package.xml"]),

@@ -79,7 +79,7 @@ DEFAULT_DELIVERY_TIMEOUT_S = 30.0
 # A lost result or cancel request is sent again after 1 s, then 2, 4, 8, 8, ... s: soon enough
 # to fetch a result before the node expires it (limits.result_keep_s, 10 s), few enough to
 # cost nothing. Shorter delivery timeouts start at a quarter of theirs.
-_RESEND_FIRST_S = 1.0
+RESEND_FIRST_S = 1.0
 _RESEND_MAX_S = 8.0
 _CHECK_PERIOD_S = 0.05  # how often the spin thread looks at the deadlines of goals in flight
 _WAITING_POLL_S = 0.01  # spin period while a goal waits for discovery (rclpy's own poll: 0.25)
@@ -518,7 +518,7 @@ class ReasonClient:
                    on_feedback: Callable[[Reason.Feedback], None] | None) -> None:
         """Send the goal request with an id of the client's own, and follow the goal."""
         flight = _Flight(handle, UUID(uuid=list(uuid.uuid4().bytes)), time.monotonic(),
-                         resend_first_s=min(_RESEND_FIRST_S, self.delivery_timeout_s / 4))
+                         resend_first_s=min(RESEND_FIRST_S, self.delivery_timeout_s / 4))
         handle._flight = flight
         self._flights[flight.key] = flight
 

@@ -6,7 +6,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from cosmos_reason_ros.ros import dds
+from cosmos_reason_ros import dds
 
 
 def fast_dds(tmp_path, library: str) -> dict[str, str]:

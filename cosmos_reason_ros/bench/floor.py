@@ -38,8 +38,8 @@ from rclpy.signals import SignalHandlerOptions
 
 from cosmos_reason_interfaces.action import Reason
 from cosmos_reason_interfaces.msg import ReasoningResult
+from cosmos_reason_ros import dds
 from cosmos_reason_ros.config import PARAMS_BY_NAME
-from cosmos_reason_ros.ros import dds
 from cosmos_reason_ros.ros.node import ACTION_QUEUE_DEPTH
 
 FLOOR_NODE = "bench_floor"

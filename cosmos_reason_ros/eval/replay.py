@@ -67,6 +67,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cosmos_reason_ros import dds
 from cosmos_reason_ros.core.answer3d import Answer3D, LiftCode
 from cosmos_reason_ros.core.cameras import DEFAULT_CAMERA, camera_name_problem
 from cosmos_reason_ros.core.lifting import Lifted
@@ -86,6 +87,8 @@ SOURCES = {"latest": 0, "next": 1, "clip": 2}
 FEEDBACK_STAGES = 1  # Reason.Goal.FEEDBACK_STAGES: replay reads the stages, never the text
 EXIT_OK, EXIT_REGRESSION, EXIT_BAD_INPUT, EXIT_UNREACHABLE = 0, 1, 2, 3
 NS = 1_000_000_000
+WRITER_DEPTH = 10  # node mode: the replay's publishers keep the last 10 messages (reliable)
+ACK_WAIT_S = 2.0  # node mode: longest wait for the node to acknowledge a topic's last message
 NEXT_FRAMES = 3  # frames published after a 'next' goal before --rate max waits for it
 _LOG = logging.getLogger("replay")
 
@@ -140,6 +143,8 @@ class ReplayRun:
     report: Path | None
     # Node mode: what became of the bag's depth and CameraInfo topics before the first goal.
     depth_inputs: list[dict[str, Any]] = field(default_factory=list)
+    # Node mode: topic -> recorded messages the node did not acknowledge in time / not published.
+    undelivered: dict[str, dict[str, int]] = field(default_factory=dict)
 
     @property
     def exit_code(self) -> int:
@@ -260,10 +265,12 @@ class _Pending:
 
 def run_through_node(cfg: ReplayConfig, scenario: Scenario, schedule: tuple[ScheduledQuery, ...],
                      info: bagio.BagInfo, image_topic: str, recorder: Recorder,
-                     tick: Callable[[], None]) -> list[dict[str, Any]]:
+                     tick: Callable[[], None]
+                     ) -> tuple[list[dict[str, Any]], dict[str, dict[str, int]]]:
     """Publish the bag (and /clock) to a running node and send the scheduled goals.
 
-    Returns what became of the bag's depth and CameraInfo topics (:class:`_DepthInputs`).
+    Returns what became of the bag's depth and CameraInfo topics (:class:`_DepthInputs`), and
+    per topic the recorded messages not acknowledged in time or not published (none: empty).
     """
     import rclpy
     from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
@@ -271,12 +278,15 @@ def run_through_node(cfg: ReplayConfig, scenario: Scenario, schedule: tuple[Sche
 
     from cosmos_reason_ros.client import ReasonClient
 
+    # Before the first participant: a frame the node has not acknowledged is sent again after
+    # 0.1 s, not at Fast DDS's default 3 s heartbeat (deliver() waits for the acknowledgement).
+    _LOG.info("%s", dds.use_writer_profile())
     context = rclpy.context.Context()
     rclpy.init(context=context)
     node = rclpy.create_node("cosmos_reason_replay", context=context)
     client = None
     try:
-        qos = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=10,
+        qos = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=WRITER_DEPTH,
                          reliability=ReliabilityPolicy.RELIABLE)
         publishers: dict[str, Any] = {}
         for topic, msgtype in sorted(info.topics.items()):
@@ -306,9 +316,10 @@ def run_through_node(cfg: ReplayConfig, scenario: Scenario, schedule: tuple[Sche
         inputs = _DepthInputs(cfg, info, publishers)
         if inputs.inputs:
             inputs.wait_subscribed(_node_depth_enabled(node, context, cfg))
-        _NodePlayer(cfg, schedule, info, image_topic, recorder, tick, client, publishers,
-                    clock_pub, Clock, inputs).play()
-        return inputs.report()
+        player = _NodePlayer(cfg, schedule, info, image_topic, recorder, tick, client,
+                             publishers, clock_pub, Clock, inputs)
+        player.play()
+        return inputs.report(), player.delivery.report()
     finally:
         if client is not None:
             client.close()
@@ -444,6 +455,51 @@ def _no_subscriber(published: str, topic: str, camera: str, msgtype: str) -> str
             f"node with {camera} in cameras.names and -r {own}:={published}")
 
 
+class _Delivery:
+    """Node mode's publishing of recorded messages, one reliable writer per bag topic."""
+
+    def __init__(self, publishers: dict[str, Any]) -> None:
+        self.publishers = publishers
+        self.in_flight: dict[str, int] = {}  # topic -> published since its last acknowledgement
+        self.undelivered: dict[str, dict[str, int]] = {}  # topic -> unacknowledged / failed
+
+    def publish(self, topic: str, data: bytes) -> None:
+        """Publish one recorded message, never overwriting one the node has not acknowledged.
+
+        A recorded frame is large (640x480 raw: ~900 kB, many DDS fragments). Handed more
+        frames than its history holds before its reader acknowledges them, a reliable keep-last
+        writer replaces unacknowledged ones, so the node never sees them (under CI load the
+        demo's node held 9 of the 57 frames published before a goal), and Fast DDS may refuse
+        the write outright ("cannot publish data"). So once a topic has a history's worth less
+        one in flight, the next waits (bounded) for their acknowledgement: the node gets every
+        recorded frame, late rather than never. What still fails is counted and reported, never
+        dropped silently. Without a reliable reader the wait returns at once.
+        """
+        from rclpy.duration import Duration
+
+        publisher = self.publishers[topic]
+        counts = self.undelivered.setdefault(topic, {"unacknowledged": 0, "failed": 0})
+        for attempt in range(2):
+            if self.in_flight.get(topic, 0) >= WRITER_DEPTH - 1 or attempt > 0:
+                if not publisher.wait_for_all_acked(Duration(seconds=ACK_WAIT_S)) \
+                        and attempt == 0:
+                    counts["unacknowledged"] += 1
+                self.in_flight[topic] = 0
+            try:
+                publisher.publish(data)  # the recorded CDR bytes as they are
+                self.in_flight[topic] = self.in_flight.get(topic, 0) + 1
+                return
+            except Exception as e:  # noqa: BLE001 - rclpy's RCLError: try once more, then count
+                error = e
+        counts["failed"] += 1
+        _LOG.warning("%s: a recorded message was not published (%s)", topic, error)
+
+    def report(self) -> dict[str, dict[str, int]]:
+        """Topic -> counts, for the topics where something was late or not published."""
+        return {topic: counts for topic, counts in self.undelivered.items()
+                if any(counts.values())}
+
+
 class _NodePlayer:
     """The publishing loop of node mode (one thread; results come back on the client's)."""
 
@@ -458,6 +514,7 @@ class _NodePlayer:
         self.pending: list[_Pending] = []
         self.wall0 = time.monotonic()
         self.clock_ns = 0
+        self.delivery = _Delivery(publishers)
 
     def publish_clock(self, ns: int) -> None:
         if ns <= self.clock_ns:
@@ -488,7 +545,7 @@ class _NodePlayer:
             if self.cfg.rate is None:
                 self.collect(block=True)
             self.advance_to(t_ns)
-            self.publishers[topic].publish(data)  # the recorded CDR bytes as they are
+            self.delivery.publish(topic, data)
             self.inputs.published(topic)
             if topic == self.image_topic:
                 for p in self.pending:
@@ -544,10 +601,14 @@ class _NodePlayer:
             # The recording pauses (no frames, /clock held at the query time) until the node
             # waits for the goal's frame, so the next recorded frame is also the next one taken
             # after the goal's acceptance by the node's (sim) clock.
-            end = time.monotonic() + self.cfg.connect_timeout_s
+            paused = time.monotonic()
+            end = paused + self.cfg.connect_timeout_s
             while not stage.wait(0.02) and not pending.handle.future.done() \
                     and time.monotonic() < end:
                 pass
+            # A pause, not a lag: the rest of the recording keeps its pace instead of
+            # catching up in a burst.
+            self.wall0 += time.monotonic() - paused
 
     def collect(self, block: bool) -> None:
         """Record finished goals; with ``block``, first wait for those not needing frames."""
@@ -948,12 +1009,13 @@ def run_replay(cfg: ReplayConfig, engine: Any = None) -> ReplayRun:
     recorder = Recorder(cfg, scenario, info, truth, truth_3d)
     bar = _progress(len(schedule), cfg.progress)
     depth_inputs: list[dict[str, Any]] = []
+    undelivered: dict[str, dict[str, int]] = {}
     try:
         if offline is not None:
             offline.run(schedule, info, image_topic, recorder, bar.update)
         else:
-            depth_inputs = run_through_node(cfg, scenario, schedule, info, image_topic,
-                                            recorder, bar.update)
+            depth_inputs, undelivered = run_through_node(cfg, scenario, schedule, info,
+                                                         image_topic, recorder, bar.update)
     finally:
         bar.close()
         if offline is not None:
@@ -962,7 +1024,8 @@ def run_replay(cfg: ReplayConfig, engine: Any = None) -> ReplayRun:
     summary = scoring.summarize(records, scenario.fail_on_error)
     (cfg.out / "summary.json").write_text(json.dumps(
         {**summary.to_dict(), "scenario": scenario.name, "bag": str(cfg.bag),
-         "mode": cfg.mode, "depth_inputs": depth_inputs}, indent=1))
+         "mode": cfg.mode, "depth_inputs": depth_inputs, "undelivered": undelivered},
+        indent=1))
     frames = write_frames(cfg, info, image_topic, records)
     meta = {"scenario": scenario.name, "bag": f"{cfg.bag} ({info.storage}, "
             f"{info.duration_s:.2f} s)", "image topic": image_topic, "mode": cfg.mode,
@@ -971,7 +1034,7 @@ def run_replay(cfg: ReplayConfig, engine: Any = None) -> ReplayRun:
         meta["cameras"] = ", ".join(f"{name}={topic}" for name, topic in cfg.cameras.items())
     html = report.write_report(cfg.out, records, frames, meta, summary.to_dict())
     return ReplayRun(records, summary, recorder.jsonl_path, recorder.bag_path, html,
-                     depth_inputs)
+                     depth_inputs, undelivered)
 
 
 def replay_cameras(cfg: ReplayConfig, scenario: Scenario, info: bagio.BagInfo
@@ -1026,6 +1089,9 @@ def print_summary(run: ReplayRun, out: Any = sys.stdout) -> None:
             print(f"      client's view: {hops}", file=out)
     for item in run.depth_inputs:
         print(f"replay: {item['kind']} {item['topic']}: {item['status']}", file=out)
+    for topic, counts in run.undelivered.items():
+        print(f"replay: {topic}: {counts['unacknowledged']} recorded messages not acknowledged "
+              f"by the node within {ACK_WAIT_S:g} s, {counts['failed']} not published", file=out)
     s = run.summary
     print(f"replay: {s.queries} queries, {s.succeeded} succeeded, {s.errors} failed; "
           f"{s.scored} expectations checked: {s.passed} passed, {s.failed} failed "

@@ -50,6 +50,7 @@ from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
 
 from cosmos_reason_interfaces.action import Reason
 from cosmos_reason_interfaces.msg import ReasoningResult
+from cosmos_reason_ros.client import RESEND_FIRST_S
 from cosmos_reason_ros.config import (
     PARAMS_BY_NAME,
     RUNTIME_PARAMS,
@@ -540,18 +541,21 @@ class ReasonNode(LifecycleNode):
     def serve_results(self, wait: Callable[[float], object]) -> None:
         """Serve result requests before the action server goes.
 
-        Until the result of every goal the stop ended has been asked for, and
-        ``SHUTDOWN_RESULTS_LINGER_S`` after the last such request (so its answer and the
-        ~/results messages leave); at most ``SHUTDOWN_RESULTS_WAIT_S`` (a client that never
-        asks, or went away).
+        Until the result of every goal the stop ended has been asked for (at most
+        ``SHUTDOWN_RESULTS_WAIT_S``: a client that never asks, or went away), then
+        ``SHUTDOWN_RESULTS_LINGER_S`` after the last such request, so that a client whose reply
+        was lost asks again in time; ``SHUTDOWN_QUIET_LINGER_S`` when the stop ended no goal.
         """
         t0 = time.monotonic()
-        while (now := time.monotonic()) < t0 + SHUTDOWN_RESULTS_WAIT_S:
+        while True:
+            now = time.monotonic()
             ended = set(self._ended_by_stop)
             asked = {} if self._action_server is None \
                 else self._action_server.result_requests(ended)
-            if len(asked) == len(ended) and \
-                    now >= max([t0, *asked.values()]) + SHUTDOWN_RESULTS_LINGER_S:
+            waited_out = now >= t0 + SHUTDOWN_RESULTS_WAIT_S
+            last = min(max([t0, *asked.values()]), t0 + SHUTDOWN_RESULTS_WAIT_S)
+            linger = SHUTDOWN_RESULTS_LINGER_S if ended else SHUTDOWN_QUIET_LINGER_S
+            if (len(asked) == len(ended) or waited_out) and now >= last + linger:
                 return
             wait(0.05)
 
@@ -735,8 +739,12 @@ def threads_for_goals(max_running: int, max_queued: int, spare: int = 4) -> int:
 # within milliseconds while the engine runs; these bound a stuck one.
 SHUTDOWN_GOALS_S = 3.0  # accepted goals end (with their results) before the engine closes
 SHUTDOWN_GOALS_AFTER_ENGINE_S = 1.0  # goals ended by closing the engine under them
-SHUTDOWN_RESULTS_LINGER_S = 0.5  # after the last result request: its answer and ~/results leave
 SHUTDOWN_RESULTS_WAIT_S = 3.0  # for the result requests of the goals the stop ended
+# After the last of those requests: longer than a client's first re-ask (ReasonClient asks
+# again RESEND_FIRST_S after the status shows the goal ended), so a reply lost between
+# participants is asked for again while the node still answers.
+SHUTDOWN_RESULTS_LINGER_S = RESEND_FIRST_S + 0.5
+SHUTDOWN_QUIET_LINGER_S = 0.5  # the stop ended no goal: replies and ~/results in flight leave
 
 # vLLM starts its engine processes with 'spawn': they import this module as __mp_main__ (main
 # makes sure of it), and there this makes them die with the node, even a SIGKILLed one

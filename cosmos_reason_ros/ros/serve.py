@@ -17,10 +17,11 @@ import rclpy
 from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
 from rclpy.signals import SignalHandlerOptions
 
+from cosmos_reason_ros import dds
 from cosmos_reason_ros.config import ConfigError
 from cosmos_reason_ros.core.types import CosmosReasonError
 from cosmos_reason_ros.engines.base import Engine
-from cosmos_reason_ros.ros import dds, process_life, pylog
+from cosmos_reason_ros.ros import process_life, pylog
 from cosmos_reason_ros.ros.node import NODE_NAME, ReasonNode
 
 

@@ -451,7 +451,7 @@ def _ended_before_cancel(node: NodeProcess, r) -> bool:
     return bool(ended) and (not cancel or ended[0] < cancel[0])
 
 
-# Before the node's Fast DDS writer profile (ros/dds.py), 5 of 24 results reached the client
+# Before the node's Fast DDS writer profile (dds.py), 5 of 24 results reached the client
 # 3.02 s after the node had ended the goal, idle machine or not: a lost sample waited for the
 # writer's next heartbeat (3 s). With it: 0.00-0.43 s in 38 of 38 (docs/RELIABILITY.md, "Late
 # results: DDS repair"). The target sits between the two.

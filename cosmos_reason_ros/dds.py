@@ -1,11 +1,12 @@
-"""The node's Fast DDS writer profile: lost samples repaired in ~0.1 s instead of 3 s.
+"""Our processes' Fast DDS writer profile: lost samples repaired in ~0.1 s instead of 3 s.
 
 On a loaded machine a sample of the node's goal results went missing between processes on
 one host and reached the client only at the writer's next heartbeat, Fast DDS's default
 every 3 s: 5 of 24 results 3.02 s late on a 2-core machine, idle or not
-(docs/RELIABILITY.md, "Late results: DDS repair"). Fast DDS takes writer timings only from
-XML profiles, so the node points Fast DDS at the package's profile, unless the user chose
-Fast DDS XML of their own or another RMW.
+(docs/RELIABILITY.md, "Late results: DDS repair"). Replay's frames waited as long for the
+node's acknowledgement. Fast DDS takes writer timings only from XML profiles, so the node and
+replay point Fast DDS at the package's profile, unless the user chose Fast DDS XML of their own
+or another RMW. A library client (``ReasonClient``) leaves the user's process as it is.
 """
 
 from __future__ import annotations
