@@ -18,7 +18,7 @@ import pytest
 pytest.importorskip("rosbags", reason="needs rosbags (make setup)")
 from fake_engine import FakeEngine, Script  # noqa: E402
 
-from cosmos_reason_ros.eval import bagio, demo_recording, replay  # noqa: E402
+from cosmos_reason_ros.eval import bagio, demo_recording, replay, replay_offline  # noqa: E402
 from cosmos_reason_ros.eval.scoring import position_error  # noqa: E402
 
 NS = 1_000_000_000
@@ -194,13 +194,13 @@ def test_a_missing_depth_topic_is_a_bad_input_before_the_engine_starts(bags, tmp
         width=64, height=48, duration_s=0.2, storage="sqlite3", depth=False))
     engine = FakeEngine(model=MODEL)
     with pytest.raises(replay.ReplayError, match="has 0 depth image topics") as e:
-        replay.OfflineRunner(replay.ReplayConfig(
+        replay_offline.OfflineRunner(replay.ReplayConfig(
             bag=no_depth, scenario=bags["scenario"], out=tmp_path / "out", mode="offline",
             model=MODEL, params={"depth.enabled": True}), engine=engine)
     assert e.value.exit_code == replay.EXIT_BAD_INPUT
     assert engine.state.name == "STOPPED"  # never started
     with pytest.raises(replay.ReplayError, match="depth topic '/nope' is not a"):
-        replay.OfflineRunner(replay.ReplayConfig(
+        replay_offline.OfflineRunner(replay.ReplayConfig(
             bag=bags["16UC1"], scenario=bags["scenario"], out=tmp_path / "out",
             mode="offline", model=MODEL, params={"depth.enabled": True},
             depth_topic="/nope"), engine=engine)
@@ -240,7 +240,7 @@ def test_outcome_plain_carries_every_3d_field_like_fill_3d():
     ok = Lifted(True, (0.1, 0.2, 1.0), (0.3, 0.4, 0.0), 1.0, 50, 40)
     bad = Lifted(False, reason="no valid depth")
     answer = Answer3D(LiftCode.OK, "", "cam", 5 * NS + 7, (ok,), (bad,), ((ok, bad),))
-    plain = replay.outcome_plain(outcome, geometry, [5 * NS], None, answer)
+    plain = replay_offline.outcome_plain(outcome, geometry, [5 * NS], None, answer)
     assert (plain["lift_code"], plain["lift_message"], plain["frame_3d"]) == (1, "", "cam")
     assert plain["depth_stamp"] == {"sec": 5, "nanosec": 7}
     assert plain["boxes"][0]["position_3d"] == {
@@ -260,7 +260,7 @@ def test_outcome_plain_carries_every_3d_field_like_fill_3d():
     assert math.isclose(result["trajectories"][0]["points"][0]["position_3d"]["position"]["z"],
                         1.0)
     # Without lifting (refused or off) only the result-level fields are set, as fill_3d does.
-    refused = replay.outcome_plain(outcome, geometry, [5 * NS], None,
+    refused = replay_offline.outcome_plain(outcome, geometry, [5 * NS], None,
                                    Answer3D(LiftCode.BAD_DEPTH, "why", "cam", 3))
     assert refused["lift_code"] == 3 and "position_3d" not in refused["boxes"][0]
     # ... and in the message the unfilled position_3d is zero, as in the node's message.

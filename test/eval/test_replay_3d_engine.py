@@ -24,12 +24,12 @@ from cosmos_reason_ros.core.cdr import read_stored_frame  # noqa: E402
 from cosmos_reason_ros.core.lifting import lift_box  # noqa: E402
 from cosmos_reason_ros.core.rgbd import depth_image  # noqa: E402
 from cosmos_reason_ros.core.types import Box  # noqa: E402
-from cosmos_reason_ros.eval import bagio, demo_recording, replay  # noqa: E402
+from cosmos_reason_ros.eval import bagio, demo_recording, replay, replay_records  # noqa: E402
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
 NS = 1_000_000_000
-DEMO_SCENARIO = replay.REPO_ROOT / "config" / "scenarios" / "demo.yaml"
+DEMO_SCENARIO = replay_records.REPO_ROOT / "config" / "scenarios" / "demo.yaml"
 
 
 def demo_ground_query():

@@ -16,7 +16,7 @@ import pytest
 pytest.importorskip("rosbags", reason="needs rosbags (make setup)")
 from fake_engine import FakeEngine, Script  # noqa: E402
 
-from cosmos_reason_ros.eval import bagio, demo_recording, replay  # noqa: E402
+from cosmos_reason_ros.eval import bagio, demo_recording, replay, replay_records  # noqa: E402
 
 NS = 1_000_000_000
 W, H = 320, 240  # the colour camera; the wrist view is half that
@@ -190,6 +190,6 @@ def test_scenario_cameras_are_checked_naming_the_field(text, words):
 def test_the_demo_scenario_names_the_demo_recordings_cameras():
     from cosmos_reason_ros.eval.scenario import load_scenario
 
-    s = load_scenario(replay.REPO_ROOT / "config" / "scenarios" / "demo.yaml")
+    s = load_scenario(replay_records.REPO_ROOT / "config" / "scenarios" / "demo.yaml")
     assert s.cameras == tuple(CAMERAS.items())
     assert [q.goal.cameras for q in s.queries if q.goal.cameras] == [("front", "wrist")]

@@ -23,7 +23,8 @@ from cosmos_reason_interfaces.action import Reason  # noqa: E402
 from cosmos_reason_ros.core.cdr import read_stored_frame  # noqa: E402
 from cosmos_reason_ros.core.imaging import message_to_rgb  # noqa: E402
 from cosmos_reason_ros.eval import bagio, demo_recording  # noqa: E402
-from cosmos_reason_ros.eval.replay import OfflineRunner, ReplayConfig  # noqa: E402
+from cosmos_reason_ros.eval.replay_offline import OfflineRunner  # noqa: E402
+from cosmos_reason_ros.eval.replay_records import ReplayConfig  # noqa: E402
 from cosmos_reason_ros.eval.scenario import build_schedule, load_scenario  # noqa: E402
 
 pytestmark = [pytest.mark.ros]
