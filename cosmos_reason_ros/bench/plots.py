@@ -6,6 +6,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from cosmos_reason_ros.bench import report as benchreport
 from cosmos_reason_ros.bench import stats as benchstats
 from cosmos_reason_ros.bench.workload import LENGTHS
 
@@ -23,7 +24,7 @@ def plot(data: dict[str, Any], out: Path) -> list[str]:
     if lat:
         modes = sorted({k[0] for k in lat})
         cells = sorted({(k[1], k[2]) for k in lat},
-                       key=lambda c: (benchstats.sort_key(c[0]), LENGTHS.get(c[1], 0)))
+                       key=lambda c: (benchreport.sort_key(c[0]), LENGTHS.get(c[1], 0)))
         fig, ax = plt.subplots(figsize=(max(6, len(cells) * 0.9), 4))
         width = 0.8 / len(modes)
         for i, mode in enumerate(modes):

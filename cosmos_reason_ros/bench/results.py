@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from cosmos_reason_ros.bench import report as benchreport
 from cosmos_reason_ros.bench import stats as benchstats
 from cosmos_reason_ros.bench.workload import PHASE_WEIGHTS
 
@@ -68,7 +69,7 @@ class Results:
         with self._lock:
             self._last_write = now
             text = json.dumps(self.data, indent=1, default=str)
-            report = benchstats.render_report(self.data)
+            report = benchreport.render_report(self.data)
         atomic_write(self.out / "bench.json", text)
         atomic_write(self.out / "results.md", report)
 

@@ -84,7 +84,7 @@ from typing import Any
 
 import numpy as np
 
-from cosmos_reason_ros.bench import stats as benchstats
+from cosmos_reason_ros.bench import report as benchreport
 from cosmos_reason_ros.bench.engine_side import EngineBench
 from cosmos_reason_ros.bench.phases import PHASES
 from cosmos_reason_ros.bench.plots import plot
@@ -576,7 +576,7 @@ def versions() -> dict[str, str]:
 def render(folder: Path) -> int:
     """Redraw results.md and the plots of an earlier run from its bench.json."""
     data = json.loads((folder / "bench.json").read_text())
-    atomic_write(folder / "results.md", benchstats.render_report(data))
+    atomic_write(folder / "results.md", benchreport.render_report(data))
     plot(data, folder)
     print((folder / "results.md").read_text())
     return 0

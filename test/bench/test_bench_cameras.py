@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from cosmos_reason_ros.bench import stats as bs
+from cosmos_reason_ros.bench import report as benchreport
 
 # (side, cameras) -> (TTFT s, e2e s, prompt tokens) of round 0; each later round adds 10 ms.
 ROUND_0 = {("engine", 1): (0.100, 0.150, 120), ("engine", 2): (0.130, 0.180, 170),
@@ -38,7 +38,7 @@ def _row(rows: list[dict], **match: object) -> dict:
 
 
 def test_camera_cost_per_setting_second_camera_and_node_overhead() -> None:
-    cost = bs.camera_cost(_samples())
+    cost = benchreport.camera_cost(_samples())
     engine_two = _row(cost["settings"], mode="engine", cameras=2)
     assert engine_two["n"] == 3 and engine_two["prompt_tokens_p50"] == 170
     assert engine_two["ttft_p50_ms"] == pytest.approx(140.0)  # 130, 140, 150
@@ -61,16 +61,16 @@ def test_camera_cost_per_setting_second_camera_and_node_overhead() -> None:
 
 
 def test_camera_cost_is_empty_without_cameras_samples() -> None:
-    assert bs.camera_cost(_samples()[-1:]) == {"settings": [], "second_camera": [],
+    assert benchreport.camera_cost(_samples()[-1:]) == {"settings": [], "second_camera": [],
                                                "node_overhead": []}
 
 
 def test_report_has_the_cameras_section_only_when_the_mode_ran() -> None:
     data = {"meta": {"device": "cpu"}, "samples": _samples(), "batches": [], "extra": {}}
-    report = bs.render_report(data)
+    report = benchreport.render_report(data)
     assert "## Second camera: front 640x480 + wrist 320x240" in report
     assert "| engine | 1 | 3 | 110.0 | 120.0 | 160.0 | 120 | – |" in report
     assert "| engine | 3 | 110.0 | 140.0 | 30.0 | 1.27x | 30.0 |" in report
     assert "| 2 | 2 | 190.0 | 200.0 | 10.0 | 10.0 | 10.0 |" in report
     data["samples"] = [s for s in data["samples"] if s["phase"] != "cameras"]
-    assert "Second camera" not in bs.render_report(data)
+    assert "Second camera" not in benchreport.render_report(data)

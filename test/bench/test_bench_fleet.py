@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cosmos_reason_ros.bench import stats as bs
+from cosmos_reason_ros.bench import report as benchreport
 from cosmos_reason_ros.bench.phases import fleet
 
 
@@ -44,7 +44,7 @@ def test_report_has_a_row_per_policy_with_its_requests_per_backend() -> None:
                 "sticky_least_loaded": {"backend0": 61.0, "backend1": 67.0},
                 "cache_aware": {"backend0": 70.0, "backend1": 58.0},
                 "round_robin": {"backend0": 64.0, "backend1": 64.0}}
-    report = bs.render_report({"meta": {"device": "cpu"}, "samples": _samples(), "extra": {
+    report = benchreport.render_report({"meta": {"device": "cpu"}, "samples": _samples(), "extra": {
         "fleet": {"robots_per_policy": 2, "camera_hz": 5.0, "policies": dict(fleet.POLICIES),
                   "requests_per_backend": requests}}})
     rows = {line.split("|")[1].strip(): line for line in report.splitlines()
@@ -52,7 +52,7 @@ def test_report_has_a_row_per_policy_with_its_requests_per_backend() -> None:
     assert set(rows) == set(fleet.POLICIES)
     assert rows["affinity"].rstrip(" |").endswith("128 / 0")
     assert rows["sticky_least_loaded"].rstrip(" |").endswith("61 / 67")
-    hits = bs.fleet_hit_rates(_samples())
+    hits = benchreport.fleet_hit_rates(_samples())
     assert hits[("sticky_least_loaded", "all")] == pytest.approx(0.8)
     assert hits[("round_robin", "all")] == 0.0
 

@@ -19,8 +19,8 @@ pytest.importorskip("mcp", reason="needs the mcp SDK (make setup)")
 from fake_engine import Script  # noqa: E402
 from inprocess_node import InProcessNode  # noqa: E402
 
+from cosmos_reason_ros.bench import report as benchreport  # noqa: E402
 from cosmos_reason_ros.bench import runner  # noqa: E402
-from cosmos_reason_ros.bench import stats as benchstats  # noqa: E402
 from cosmos_reason_ros.bench.phases import PHASES  # noqa: E402
 from cosmos_reason_ros.bench.results import Results  # noqa: E402
 from cosmos_reason_ros.bench.ros_side import RosSide  # noqa: E402
@@ -60,5 +60,5 @@ def test_the_planning_mode_reports_the_tick_and_the_tool_call_overhead(tmp_path:
     [tool] = planning["mcp_overhead"]
     assert tool["tool"] == "ask" and tool["pairs"] == 2
     assert math.isfinite(tool["overhead_p50_ms"])
-    report = benchstats.render_report(data)
+    report = benchreport.render_report(data)
     assert "## Planners" in report and "running behaviour's tick (median)" in report

@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from cosmos_reason_ros.bench import report as benchreport
 from cosmos_reason_ros.bench import stats as bs
 
 
@@ -93,7 +94,7 @@ def test_plan_slices_and_rounds_that_fit() -> None:
 
 
 def test_table_aligns_numbers_right_and_text_left() -> None:
-    text = bs.table(("name", "ms"), [("node", "1.5"), ("engine", "–")])
+    text = benchreport.table(("name", "ms"), [("node", "1.5"), ("engine", "–")])
     lines = text.splitlines()
     assert lines[1] == "|---|---:|"
     assert lines[2] == "| node | 1.5 |"
@@ -115,7 +116,7 @@ def _report_data(node_delta_s: float, rounds: int = 8) -> dict:
 
 
 def test_report_states_ratios_and_target_results() -> None:
-    report = bs.render_report(_report_data(0.002))
+    report = benchreport.render_report(_report_data(0.002))
     assert "| 1280x720 | short | 8 | 100.0 | 102.0 | 2.0 | 2.0 to 2.0 |" in report
     assert "3.92x" in report  # baseline 400 ms / node 102 ms
     assert "node overhead p50 at 1280x720, short answers | 2.0 ms (target <= 5 ms) | met " \
@@ -125,12 +126,12 @@ def test_report_states_ratios_and_target_results() -> None:
 
 
 def test_report_flags_a_missed_target() -> None:
-    report = bs.render_report(_report_data(0.020))
+    report = benchreport.render_report(_report_data(0.020))
     assert "20.0 ms (target <= 5 ms) | MISSED (95 % interval" in report
 
 
 def test_report_says_when_too_few_pairs_decide_nothing() -> None:
-    report = bs.render_report(_report_data(0.002, rounds=3))
+    report = benchreport.render_report(_report_data(0.002, rounds=3))
     assert "2.0 ms (target <= 5 ms) | undecided: 3 pairs, a 95 % interval needs 6" in report
 
 
@@ -168,7 +169,7 @@ def test_report_checks_prefill_targets_on_the_gpu() -> None:
                 "concurrency": 8, "ok": True, "wall_s": 1.0, "output_tokens": tokens}
                for on, setting, tokens in ((True, "on", 850), (False, "off", 1000),
                                            (True, "on+ready", 950))]
-    report = bs.render_report({"meta": {"device": "gpu"}, "samples": samples,
+    report = benchreport.render_report({"meta": {"device": "gpu"}, "samples": samples,
                                "batches": batches, "extra": {}})
     assert "| on+ready | 1 | 30.0 | 30.0 | 25.0 | 304 | 1 | 950.0 |" in report
     assert "| on | 2 | 45.0 |" in report
@@ -194,7 +195,7 @@ def test_report_splits_prefill_goals_by_camera_phase_and_checks_the_ttft_spread(
     samples = [goal(0.06 + 0.008 * i, 0.025, True) for i in range(16)]
     samples += [goal(0.01 * i, 0.070, False) for i in range(1, 5)]
     samples.append({**goal(0.01, 0.5, False), "warmup": True})  # left out
-    report = bs.render_report({"meta": {"device": "gpu"}, "samples": samples, "extra": {}})
+    report = benchreport.render_report({"meta": {"device": "gpu"}, "samples": samples, "extra": {}})
     assert "| on+ready | 0-50 ms | 4 | 0 | 70.0 | 70.0 |" in report
     assert "| on+ready | 50-100 ms | 5 | 5 | 25.0 | 25.0 |" in report
     assert "| on+ready | 100-150 ms | 7 | 7 | 25.0 | 25.0 |" in report
@@ -202,7 +203,7 @@ def test_report_splits_prefill_goals_by_camera_phase_and_checks_the_ttft_spread(
     assert "node TTFT p95 / p50, prefill on+ready, camera streaming (20 goals) | 2.80x " \
            "(target <= 1.5x) | MISSED" in report
     fast = [s for s in samples if s["node_ttft_s"] == 0.025] * 2
-    assert "(32 goals) | 1.00x (target <= 1.5x) | met" in bs.render_report(
+    assert "(32 goals) | 1.00x (target <= 1.5x) | met" in benchreport.render_report(
         {"meta": {"device": "gpu"}, "samples": fast, "extra": {}})
 
 
@@ -216,6 +217,6 @@ def test_lifting_phase_lifts_every_box_and_the_report_checks_the_target() -> Non
     data = _report_data(0.002)
     data["extra"]["lifting"] = {"items": 10, "depth_off_ms": 0.0, "rows": rows,
                                 "target_p50_ms": 1e9}
-    report = bs.render_report(data)
+    report = benchreport.render_report(data)
     assert "## 3D lifting per goal" in report and "| 1280x720 | large | 3 |" in report
     assert "3D lifting per goal, 640x480, 10 boxes (p50)" in report and "| met |" in report

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from cosmos_reason_ros.bench import report as benchreport
 from cosmos_reason_ros.bench import runner
-from cosmos_reason_ros.bench import stats as bs
 
 # Per round at 640x480, end to end in ms: the floor, the engine, and what the node adds above
 # both (node = engine + floor + that). The last round's floor request fails: no pair there.
@@ -47,7 +47,7 @@ def _samples(above_640: tuple[float, ...] = ABOVE_640) -> list[dict]:
 
 
 def test_what_the_node_adds_above_engine_and_floor_is_paired_per_round() -> None:
-    rows = {r["size"]: r for r in bs.floor_overhead(_samples())}
+    rows = {r["size"]: r for r in benchreport.floor_overhead(_samples())}
     assert list(rows) == ["640x480", "1280x720"]
     at640 = rows["640x480"]
     assert at640["floor_n"] == 6 and at640["floor_p50_ms"] == pytest.approx(6.15)
@@ -70,7 +70,7 @@ def test_what_the_node_adds_above_engine_and_floor_is_paired_per_round() -> None
 def test_the_report_has_the_floor_rows_and_decides_the_target_by_the_interval() -> None:
     data = {"meta": {"device": "gpu"}, "samples": _samples((0.4,) * 7), "batches": [],
             "extra": {"floor": {"result_bytes": 412}}}
-    report = bs.render_report(data)
+    report = benchreport.render_report(data)
     assert "## Node over the transport floor" in report and "(412 bytes)" in report
     assert "| 640x480 | 6 | 6.15 |" in report
     assert "| 6 | 0.40 | 0.40 to 0.40 | 0.40 |" in report
@@ -79,7 +79,7 @@ def test_the_report_has_the_floor_rows_and_decides_the_target_by_the_interval() 
     assert "| node - engine - floor at 1280x720, short answers | – ms (target <= 1 ms) | " \
            "undecided: 0 pairs" in report
     data["samples"] = [s for s in data["samples"] if s["mode"] != "floor"]
-    assert "transport floor" not in bs.render_report(data)
+    assert "transport floor" not in benchreport.render_report(data)
 
 
 @pytest.mark.parametrize(("modes", "started", "latency"), [
@@ -158,7 +158,7 @@ def test_the_floor_mode_runs_in_the_latency_rotation_on_short_answers(tmp_path: 
         == sorted((size, r) for size in ("64x48", "96x72") for r in range(rounds))
     assert {s["length"] for s in floor} == {"short"}
     assert {s["length"] for s in measured if s["mode"] == "node"} == {"short", "128"}
-    rows = {r["size"]: r for r in bs.floor_overhead(data["samples"])}
+    rows = {r["size"]: r for r in benchreport.floor_overhead(data["samples"])}
     assert list(rows) == ["64x48", "96x72"]
     for row in rows.values():
         assert row["floor_n"] == row["engine_pairs"] == row["pairs"] == rounds
@@ -166,7 +166,7 @@ def test_the_floor_mode_runs_in_the_latency_rotation_on_short_answers(tmp_path: 
                                               *row["node_minus_engine_interval_ms"]))
         low, high = row["above_floor_interval_ms"]
         assert low <= row["above_floor_p50_ms"] <= high
-    report = bs.render_report(data)
+    report = benchreport.render_report(data)
     assert "## Node over the transport floor" in report
     assert "| 64x48 | short | floor | 6 |" in report  # the floor's own latency row
     for size in ("64x48", "96x72"):

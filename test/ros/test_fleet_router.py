@@ -45,7 +45,7 @@ from spun_node import SpunNode  # noqa: E402
 from waiting import wait_until  # noqa: E402
 
 from cosmos_reason_interfaces.action import Reason  # noqa: E402
-from cosmos_reason_ros.bench import stats  # noqa: E402
+from cosmos_reason_ros.bench import report as benchreport  # noqa: E402
 from cosmos_reason_ros.client import (  # noqa: E402
     ReasonClient,
     ReasonResult,
@@ -145,7 +145,7 @@ def test_bench_fleet_mode_compares_routing_policies(fleet: Fleet, tmp_path: Path
     follow_ups = [s for s in measured if s["question"] == 2]
     assert all(s["cached_prompt_tokens"] >= 32 for s in follow_ups
                if s["policy"] == "affinity"), follow_ups
-    rates = stats.fleet_hit_rates(measured)
+    rates = benchreport.fleet_hit_rates(measured)
     assert rates[("affinity", 2)] >= rates[("round_robin", 2)], rates
     requests = data["extra"]["fleet"]["requests_per_backend"]
     assert all(n > 0 for n in requests["round_robin"].values()), requests  # both backends

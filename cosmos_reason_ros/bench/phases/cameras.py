@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from cosmos_reason_ros.bench import stats as benchstats
+from cosmos_reason_ros.bench import report as benchreport
 from cosmos_reason_ros.bench.results import Results
 from cosmos_reason_ros.bench.workload import (
     CAMERA_NAMES,
@@ -68,6 +68,6 @@ def run(bench: Bench, results: Results) -> None:
                 results.sample(phase="cameras", mode=side, cameras=n, **sizes,
                                length="short", round=r, warmup=r < 0, **out)
         rounds += r >= 0
-    results.extra("cameras", {**sizes, **benchstats.camera_cost(results.data["samples"])})
+    results.extra("cameras", {**sizes, **benchreport.camera_cost(results.data["samples"])})
     results.mode("cameras", status="ran", rounds=rounds, wanted=wanted, **sizes)
 

@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from cosmos_reason_ros.bench import stats as benchstats
+from cosmos_reason_ros.bench import report as benchreport
 from cosmos_reason_ros.bench.results import Results
 from cosmos_reason_ros.bench.workload import (
     CAMERAS_FRONT_SIZE,
@@ -63,7 +63,7 @@ def run(bench: Bench, results: Results) -> None:
     wanted = bench.args.planning_rounds or bench.args.repeats or DEFAULT_ROUNDS
     rounds = asyncio.run(_rounds(bench, results, size, wanted, deadline))
     results.extra("planning", {"size": size_name(size), "tool": TOOL,
-                               "mcp": bench.args.planning_mcp, **benchstats.planning_cost(
+                               "mcp": bench.args.planning_mcp, **benchreport.planning_cost(
                                    results.data["samples"])})
     results.mode("planning", status="ran", rounds=rounds, wanted=wanted,
                  mcp=bench.args.planning_mcp)
