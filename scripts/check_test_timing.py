@@ -14,6 +14,12 @@ when it
   ``latency``, ``seconds``, ``*_s``, or a clock read such as ``time.monotonic()``) is below
   a number (a literal or a module-level numeric constant).
 
+And every test module, the drills' and the benchmarks' too, fails it when it imports vLLM,
+torch or transformers at module level (an import statement or ``pytest.importorskip``):
+every pytest worker collects every module, deselected or not, and these imports took 5-37 s
+of each worker's start. Import them in the test or fixture that needs them; skip on
+``importlib.util.find_spec``.
+
 Shared support modules (``test/*.py`` that are not ``test_*.py``) hold the waiting helpers
 that poll state against a generous deadline, and are not checked.
 
@@ -38,6 +44,7 @@ PACES = re.compile(r"#\s*paces:\s*\S")
 DURATION_NAME = re.compile(r"(took|elapsed|duration|late|latency|seconds|_s)$|^(took|late)_",
                            re.IGNORECASE)
 CLOCKS = {"monotonic", "monotonic_ns", "time", "time_ns", "perf_counter", "perf_counter_ns"}
+HEAVY_IMPORTS = ("vllm", "torch", "transformers")
 
 
 @dataclass(frozen=True)
@@ -139,6 +146,41 @@ def check_source(path: Path, source: str) -> list[Finding]:
     return sorted(findings, key=lambda f: f.line)
 
 
+def _top_level(body: list[ast.stmt]) -> list[ast.stmt]:
+    """The statements run at import: the body, and what its ifs, trys and withs hold."""
+    found = []
+    for node in body:
+        found.append(node)
+        if isinstance(node, (ast.If, ast.Try, ast.With)):
+            inner = [*node.body, *getattr(node, "orelse", []), *getattr(node, "finalbody", [])]
+            for handler in getattr(node, "handlers", []):
+                inner.extend(handler.body)
+            found.extend(_top_level(inner))
+    return found
+
+
+def heavy_imports(path: Path, source: str) -> list[Finding]:
+    """Module-level imports of ``HEAVY_IMPORTS`` (statements or ``importorskip`` calls)."""
+    findings = []
+    for node in _top_level(ast.parse(source, filename=str(path)).body):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names = [node.module]
+        else:
+            for call in (n for n in ast.walk(node) if isinstance(n, ast.Call)):
+                if isinstance(call.func, ast.Attribute) and call.func.attr == "importorskip" \
+                        and call.args and isinstance(call.args[0], ast.Constant):
+                    names.append(str(call.args[0].value))
+        for name in names:
+            if name.split(".")[0] in HEAVY_IMPORTS:
+                findings.append(Finding(path, node.lineno, f"'{name}' imported at module level: "
+                                        "every worker pays it at collection; import it in the "
+                                        "test or fixture"))
+    return findings
+
+
 def check(root: Path, pending: dict[str, int] | None = None) -> list[Finding]:
     """Return every finding under ``root``'s test/ directory, less the ``pending`` ones.
 
@@ -157,6 +199,8 @@ def check(root: Path, pending: dict[str, int] | None = None) -> list[Finding]:
         if len(found) < allowed:
             findings.append(Finding(rel, 0, f"{len(found)} finding(s), {allowed} pending: "
                                     "lower its count in PENDING (scripts/check_test_timing.py)"))
+    for path in sorted((root / "test").rglob("test_*.py")):
+        findings.extend(heavy_imports(path.relative_to(root), path.read_text()))
     return findings
 
 

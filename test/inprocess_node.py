@@ -31,7 +31,7 @@ from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
 from sensor_msgs.msg import CompressedImage, Image
 from spun_node import SpinThread, SpunNode
 from unique_identifier_msgs.msg import UUID
-from waiting import DISCOVERY_S, ask_until_answered
+from waiting import DISCOVERY_S, ask_until_answered, wait_until
 
 from cosmos_reason_interfaces.action import Reason
 from cosmos_reason_interfaces.msg import ReasoningResult
@@ -125,7 +125,8 @@ class InProcessNode:
                                            self._on_result, 50)
         self.side.node.create_subscription(DiagnosticArray, "/diagnostics",
                                            self._on_diagnostics, 10)
-        assert self.client.wait_for_server(timeout_sec=DISCOVERY_S), "action server not discovered"
+        # Read every 10 ms (rclpy's wait_for_server sleeps 0.25 s between reads).
+        wait_until(self.client.server_is_ready, DISCOVERY_S, "action server discovered")
         self._answered_by_each_service()
         assert SpunNode.wait_matched(self.camera, 10.0), "camera not matched"
 

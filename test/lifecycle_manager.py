@@ -14,7 +14,7 @@ from lifecycle_msgs.srv import ChangeState, GetAvailableTransitions, GetState
 from rcl_interfaces.msg import Parameter, ParameterType, ParameterValue
 from rcl_interfaces.srv import SetParameters
 from spun_node import SpunNode
-from waiting import DISCOVERY_S, ask_until_answered
+from waiting import DISCOVERY_S, ask_until_answered, wait_until
 
 NODE = "/cosmos_reason"
 TRANSITION_S = 300.0  # a transition (an engine start) or a call: past it, it never ended
@@ -40,7 +40,7 @@ class Manager:
                                               f"{name}/get_available_transitions")
         self.params = node.create_client(SetParameters, f"{name}/set_parameters")
         for client in (self.change, self.get, self.transitions, self.params):
-            assert client.wait_for_service(timeout_sec=DISCOVERY_S), client.srv_name
+            wait_until(client.service_is_ready, DISCOVERY_S, client.srv_name)
 
     @staticmethod
     def _call(client, request, timeout_s: float = TRANSITION_S):

@@ -50,6 +50,7 @@ Kilted and Jazzy.
 from __future__ import annotations
 
 import ast
+import functools
 import inspect
 import textwrap
 from dataclasses import dataclass
@@ -343,6 +344,9 @@ def _self_attributes(cls: ast.ClassDef) -> set[str]:
     return names
 
 
+# Cached, and read when first needed rather than at import: every pytest worker collects
+# every module, and parsing the whole package cost each worker's start seconds.
+@functools.cache
 def _package_classes(root: Path = PACKAGE) -> dict[str, set[str]]:
     """Class name -> the names it defines itself, for every class of the package.
 
@@ -357,6 +361,7 @@ def _package_classes(root: Path = PACKAGE) -> dict[str, set[str]]:
     return classes
 
 
+@functools.cache
 def _package_rclpy_subclasses(root: Path = PACKAGE) -> dict[str, str]:
     """Package class name -> its rclpy base, for classes built with the base's own arguments.
 
@@ -652,14 +657,13 @@ def _scan(source: str, where: str) -> _Scan:
     tree = ast.parse(source)
     scan = _Scan(where)
     if where != "<snippet>":
-        scan.package_classes, scan.package_subclasses = _PACKAGE_CLASSES, _PACKAGE_SUBCLASSES
+        scan.package_classes, scan.package_subclasses = _package_classes(), \
+            _package_rclpy_subclasses()
     scan.collect_imports(tree)
     scan.block(tree.body, {})
     return scan
 
 
-_PACKAGE_CLASSES = _package_classes()
-_PACKAGE_SUBCLASSES = _package_rclpy_subclasses()
 
 
 def scan_source(source: str, where: str = "<snippet>") -> list[Violation]:

@@ -110,3 +110,19 @@ def test_the_report_shows_met_missed_and_exceeded(tmp_path):
 def test_a_target_above_its_hard_bound_is_refused():
     with pytest.raises(ValueError, match="above its hard bound"):
         Report().add(Figure("test_a", "cancel", 1.0, "s", 5.0, 2.0))
+
+
+@pytest.mark.parametrize("source", [
+    "import vllm\n",
+    "from transformers import AutoTokenizer\n",
+    "import pytest\ntorch = pytest.importorskip('torch')\n",
+    "try:\n    import vllm.sampling_params\nexcept ImportError:\n    pass\n",
+])
+def test_a_heavy_import_at_module_level_is_flagged(source):
+    found = check_test_timing.heavy_imports(Path("test/drills/test_x.py"), source)
+    assert [f.line for f in found] and "imported at module level" in found[0].message
+
+
+def test_a_heavy_import_inside_a_test_is_not_flagged():
+    source = "def test_t():\n    from transformers import AutoTokenizer\n    import vllm\n"
+    assert check_test_timing.heavy_imports(Path("test/test_x.py"), source) == []

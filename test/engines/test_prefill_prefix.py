@@ -4,16 +4,21 @@ Prefix caching matches token blocks, so the shared part must be identical after 
 own chat template and tokenizer, not only as messages.
 """
 
+import importlib.util
+
 import numpy as np
 import pytest
 
+from cosmos_reason_ros.core import query
+from cosmos_reason_ros.core.models import PROFILES
+from cosmos_reason_ros.core.types import Task
+from cosmos_reason_ros.engines.vllm_local import _template_messages
+
 # The model's own tokenizer (transformers comes with vLLM; the jazzy-py310 venv has neither).
-AutoTokenizer = pytest.importorskip("transformers", reason="needs transformers (vLLM's)"
-                                    ).AutoTokenizer
-from cosmos_reason_ros.core import query  # noqa: E402
-from cosmos_reason_ros.core.models import PROFILES  # noqa: E402
-from cosmos_reason_ros.core.types import Task  # noqa: E402
-from cosmos_reason_ros.engines.vllm_local import _template_messages  # noqa: E402
+# Looked up, not imported, here: every pytest worker collects every module, and importing
+# transformers (torch with it) took 5-37 s of each worker's start.
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
+                                reason="needs transformers (vLLM's)")
 
 CASES = [("qwen3_vl", "cosmos_reason2"), ("qwen2_5_vl", "cosmos_reason1")]
 
@@ -27,6 +32,8 @@ def _render(tokenizer, request):
 @pytest.mark.parametrize("reasoning", [False, True])
 def test_prefill_renders_to_the_prefix_of_goal_prompts(request, arch, family, reasoning):
     model_dir = request.getfixturevalue(f"tiny_{arch}")
+    from transformers import AutoTokenizer
+
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     profile = PROFILES[family]
     media = query.prepare_image(profile, np.zeros((480, 640, 3), np.uint8))
