@@ -147,7 +147,7 @@ def check_source(path: Path, source: str) -> list[Finding]:
 
 
 def _top_level(body: list[ast.stmt]) -> list[ast.stmt]:
-    """The statements run at import: the body, and what its ifs, trys and withs hold."""
+    """Return the statements run at import: the body, and what its ifs, trys and withs hold."""
     found = []
     for node in body:
         found.append(node)
