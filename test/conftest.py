@@ -32,6 +32,19 @@ if _worker.startswith("gw") and _worker[2:].isdigit() and int(_worker[2:]) > 0:
     os.environ["ROS_DOMAIN_ID"] = str((int(os.environ["ROS_DOMAIN_ID"]) + 20 * int(_worker[2:]))
                                       % 102)
 os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
+
+# Property tests (hypothesis) try the same examples on every run of the per-commit tiers: a
+# random run once found a new counterexample in the middle of an unrelated change, so whether
+# a change landed depended on the draw. HYPOTHESIS_PROFILE=explore searches afresh; keep what
+# it finds as an @example beside the test.
+try:
+    from hypothesis import settings as hypothesis_settings
+except ImportError:  # the tests that use it skip without it
+    pass
+else:
+    hypothesis_settings.register_profile("per_commit", derandomize=True, database=None)
+    hypothesis_settings.register_profile("explore", derandomize=False)
+    hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "per_commit"))
 os.environ.pop("ROS_LOCALHOST_ONLY", None)
 # vLLM on the CPU: bounded KV cache, no hub, no telemetry, in-process engine core (2-3 s start).
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")

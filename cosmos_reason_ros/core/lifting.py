@@ -286,23 +286,28 @@ def _point_on_surface(camera: CameraModel, point: Point, scale: int, settings: L
                       z: np.ndarray, i0: int, j0: int, surface: np.ndarray, z_ref: float,
                       n_valid: int) -> Lifted:
     """Place a point on the surface found in its patch ``z`` (first pixel at i0, j0)."""
+    slack = _tolerance(z_ref, settings)
+
+    def fitted(r: np.ndarray, c: np.ndarray, max_error_m: float = math.inf) -> float | None:
+        zs = z[r, c]
+        z_fit = _plane_depth(zs, (c + j0 + 0.5) * scale - point.x,
+                             (r + i0 + 0.5) * scale - point.y, max_error_m=max_error_m)
+        # Trust the fit only within the depths it was fitted to (plus the surface tolerance).
+        if z_fit is None or not float(zs.min()) - slack <= z_fit <= float(zs.max()) + slack:
+            return None
+        return z_fit
+
     r, c = np.nonzero(surface)
-    zs = z[r, c]
-    z_point = _plane_depth(zs, (c + j0 + 0.5) * scale - point.x,
-                           (r + i0 + 0.5) * scale - point.y)
+    z_point = fitted(r, c)
     if z_point is None:
-        # Too few pixels within the surface tolerance: on a steep plane at a coarse depth
-        # scale neighbouring depth pixels differ by more than it. Fit every valid pixel of the
-        # patch instead, trusted only if they all lie on one plane (within the tolerance).
+        # On a steep plane at a coarse depth scale neighbouring depth pixels differ by more
+        # than the surface tolerance: too few pixels lie within it, or they form a strip whose
+        # depths the point lies just past. Fit every valid pixel of the patch instead, trusted
+        # only if they all lie on one plane (within the tolerance).
         z_low = settings.min_m if settings.min_m > 0.0 else _TINY
         r, c = np.nonzero((z >= z_low) & (z <= settings.max_m))
-        zs = z[r, c]
-        z_point = _plane_depth(zs, (c + j0 + 0.5) * scale - point.x,
-                               (r + i0 + 0.5) * scale - point.y,
-                               max_error_m=_tolerance(z_ref, settings) / 4)
-    # Trust the fit only within the depths it was fitted to (plus the surface tolerance).
-    slack = _tolerance(z_ref, settings)
-    if z_point is None or not float(zs.min()) - slack <= z_point <= float(zs.max()) + slack:
+        z_point = fitted(r, c, max_error_m=slack / 4)
+    if z_point is None:
         z_point = z_ref
     x, y, _ = camera.back_project(point.x, point.y, z_point)
     return Lifted(True, position=(float(x), float(y), z_point), size=(0.0, 0.0, 0.0),

@@ -661,6 +661,9 @@ def test_project_back_project_round_trip(fx, fy, cx, cy, x, y, z):
 # Found by hypothesis: a steep plane at depth scale 4, where no neighbour of the point's depth
 # pixel lies within the surface tolerance; the fit then takes the whole (planar) patch.
 @example(f=150.0, scale=4, fu=0.125, fv=0.25, z=1.0, tilt_x=0.5625, tilt_y=0.5625)
+# ... and one where the pixels within it form a strip whose depths the point lies just past
+# (the fit was right, and was refused for leaving their range).
+@example(f=150.0, scale=4, fu=0.1, fv=0.1, z=1.0, tilt_x=0.46875, tilt_y=0.5)
 def test_lifted_point_equals_the_3d_point_it_was_projected_from(f, scale, fu, fv, z, tilt_x,
                                                                 tilt_y):
     # A 3D point on a plane at any moderate tilt, seen through K at any integer depth scale:
