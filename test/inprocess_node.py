@@ -31,7 +31,7 @@ from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
 from sensor_msgs.msg import CompressedImage, Image
 from spun_node import SpinThread, SpunNode
 from unique_identifier_msgs.msg import UUID
-from waiting import DISCOVERY_S, ask_until_answered, wait_until
+from waiting import DISCOVERY_S, NEVER_S, ask_until_answered, wait_until
 
 from cosmos_reason_interfaces.action import Reason
 from cosmos_reason_interfaces.msg import ReasoningResult
@@ -162,7 +162,7 @@ class InProcessNode:
                                  if s.name.lstrip("/").startswith("cosmos_reason:")]
             self._results_cond.notify_all()
 
-    def next_diagnostics(self, timeout_s: float = 10.0) -> DiagnosticStatus:
+    def next_diagnostics(self, timeout_s: float = NEVER_S) -> DiagnosticStatus:
         """Wait for a ``/diagnostics`` status published after this call; return it."""
         with self._results_cond:
             seen = len(self.diagnostics)
@@ -206,7 +206,7 @@ class InProcessNode:
         self._compressed[camera].publish(msg)
         return stamp
 
-    def wait_frames(self, count: int, timeout_s: float = 5.0, camera: str | None = None) -> None:
+    def wait_frames(self, count: int, timeout_s: float = NEVER_S, camera: str | None = None) -> None:
         """Wait until the node has received ``count`` frames (on ``camera``: that camera's)."""
         history = self.node.history if camera is None \
             else self.node.cameras.by_name[camera].history
@@ -215,7 +215,7 @@ class InProcessNode:
             assert time.monotonic() < deadline, "frames did not arrive"
             time.sleep(0.01)
 
-    def watch_feedback(self, timeout_s: float = 10.0) -> dict[str, list[Any]]:
+    def watch_feedback(self, timeout_s: float = NEVER_S) -> dict[str, list[Any]]:
         """Record every goal's feedback as a second subscriber sees it: goal id (hex) -> list.
 
         Unlike a goal's feedback callback, which rclpy's ActionClient drops once the goal's
@@ -252,7 +252,7 @@ class InProcessNode:
             assert ok, "the marker goal's feedback never reached the feedback log"
         self.result(marker, timeout_s)
 
-    def feedback_of(self, handle: Any, timeout_s: float = 10.0) -> list[Any]:
+    def feedback_of(self, handle: Any, timeout_s: float = NEVER_S) -> list[Any]:
         """All feedback of the ended goal ``handle``, none left on the way (``watch_feedback``
         before the goal was sent).
 

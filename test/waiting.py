@@ -15,6 +15,11 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 POLL_S = 0.01  # how often a condition is read: short, so a wait ends soon after it holds
+# Something that should happen at once in the test's own process (a frame reaching the
+# in-process node, a diagnostics message, a result): past this bound it never happened. A
+# starved CI worker beside two other legs once took 22 s for one in-process request and reply,
+# so 10 s was not generous; a wait that holds ends when it holds, whatever the bound.
+NEVER_S = 60.0
 # DDS discovery between two participants (a client finding a service or an action server):
 # asynchronous, and on a loaded machine beside other suites it has taken over 30 s; past this
 # bound it did not happen.

@@ -11,7 +11,7 @@ import threading
 from collections.abc import AsyncIterator
 
 import pytest
-from waiting import async_wait_until
+from waiting import NEVER_S, async_wait_until
 
 from cosmos_reason_ros.core.types import (
     BadRequestError,
@@ -29,7 +29,7 @@ from cosmos_reason_ros.core.types import (
 from cosmos_reason_ros.engines.base import Engine, EngineHealth, EngineState
 from cosmos_reason_ros.engines.runner import EngineRunner
 
-WAIT_S = 10.0  # generous bound for anything that should happen at once
+WAIT_S = NEVER_S  # a wait that runs out means the event never happened
 
 
 class FakeEngine(Engine):

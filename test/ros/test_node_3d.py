@@ -22,14 +22,14 @@ from inprocess_node import InProcessNode, image_msg  # noqa: E402
 from rclpy.qos import ReliabilityPolicy, qos_profile_sensor_data  # noqa: E402
 from sensor_msgs.msg import CameraInfo, Image  # noqa: E402
 from visualization_msgs.msg import Marker, MarkerArray  # noqa: E402
-from waiting import wait_until  # noqa: E402
+from waiting import NEVER_S, wait_until  # noqa: E402
 
 from cosmos_reason_interfaces.msg import ReasoningResult  # noqa: E402
 from cosmos_reason_ros.core.rgbd import CameraModel  # noqa: E402
 from cosmos_reason_ros.ros.target_frame import TargetFrame, rotation_matrix  # noqa: E402
 
 pytestmark = [pytest.mark.ros]
-WAIT_S = 10.0  # generous: a wait that runs out means the event never happened
+WAIT_S = NEVER_S  # a wait that runs out means the event never happened
 W, H = 64, 48
 K = (60.0, 0.0, 32.0, 0.0, 60.0, 24.0, 0.0, 0.0, 1.0)
 MODEL = CameraModel(fx=60.0, fy=60.0, cx=32.0, cy=24.0, width=W, height=H)
@@ -129,7 +129,7 @@ class Rig:
 
     def wait(self, sink: list, count: int = 1):
         with self.cond:
-            assert self.cond.wait_for(lambda: len(sink) >= count, 5.0)
+            assert self.cond.wait_for(lambda: len(sink) >= count, WAIT_S)
             return sink[-1]
 
 

@@ -20,7 +20,7 @@ from fake_engine import Script  # noqa: E402
 from inprocess_node import InProcessNode  # noqa: E402
 from rclpy.parameter import Parameter  # noqa: E402
 from sensor_msgs.msg import Image  # noqa: E402
-from waiting import wait_until  # noqa: E402
+from waiting import NEVER_S, wait_until  # noqa: E402
 
 from cosmos_reason_interfaces.action import Reason  # noqa: E402
 from cosmos_reason_ros.core.types import EngineError, ErrorCode, FinishReason  # noqa: E402
@@ -28,7 +28,7 @@ from cosmos_reason_ros.core.types import EngineError, ErrorCode, FinishReason  #
 pytestmark = [pytest.mark.ros]
 Goal = Reason.Goal
 NS = 1_000_000_000
-WAIT_S = 10.0  # generous: a wait that runs out means the event never happened
+WAIT_S = NEVER_S  # a wait that runs out means the event never happened
 
 
 @pytest.fixture
