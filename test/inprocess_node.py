@@ -206,7 +206,8 @@ class InProcessNode:
         self._compressed[camera].publish(msg)
         return stamp
 
-    def wait_frames(self, count: int, timeout_s: float = NEVER_S, camera: str | None = None) -> None:
+    def wait_frames(self, count: int, timeout_s: float = NEVER_S,
+                    camera: str | None = None) -> None:
         """Wait until the node has received ``count`` frames (on ``camera``: that camera's)."""
         history = self.node.history if camera is None \
             else self.node.cameras.by_name[camera].history
