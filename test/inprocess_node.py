@@ -99,13 +99,18 @@ class InProcessNode:
                                               context=self.context)
         self.executor.add_node(self.node)
         self.spinning = SpinThread(self.executor)
-        self.side = SpunNode("inprocess_client")
-        # The action client has a participant and a single-threaded executor of its own, and
-        # its requests go out from that executor's thread (on_client_thread), as ReasonClient's
-        # do: before rclpy 9 (Humble, Jazzy) ActionClient records a request's sequence number
-        # after sending it, without a lock, so a response taken at once on another executor
-        # thread was dropped ("Ignoring unexpected goal response") and the goal never ended.
-        self.client_side = SpunNode("inprocess_action_client", single_threaded=True)
+        # The test's side shares the node's context, so the process has one DDS participant:
+        # Fast DDS 3.2 can deadlock destroying a participant while another participant of the
+        # same process delivers discovery data to it (docs/RELIABILITY.md, "Making the live
+        # tests deterministic"), and discovery between processes is not what these tests prove.
+        self.side = SpunNode("inprocess_client", context=self.context)
+        # The action client has a single-threaded executor of its own, and its requests go out
+        # from that executor's thread (on_client_thread), as ReasonClient's do: before rclpy 9
+        # (Humble, Jazzy) ActionClient records a request's sequence number after sending it,
+        # without a lock, so a response taken at once on another executor thread was dropped
+        # ("Ignoring unexpected goal response") and the goal never ended.
+        self.client_side = SpunNode("inprocess_action_client", single_threaded=True,
+                                    context=self.context)
         self.client = ActionClient(self.client_side.node, Reason, "/cosmos_reason/reason",
                                    goal_service_qos_profile=ACTION_QOS,
                                    result_service_qos_profile=ACTION_QOS,

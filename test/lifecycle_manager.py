@@ -6,6 +6,7 @@ asking reads again when a reply is lost on the way (see ``Manager._call``).
 
 from __future__ import annotations
 
+import subprocess
 import threading
 import time
 
@@ -19,6 +20,15 @@ from waiting import DISCOVERY_S, ask_until_answered, wait_until
 NODE = "/cosmos_reason"
 TRANSITION_S = 300.0  # a transition (an engine start) or a call: past it, it never ended
 REPLY_TRY_S = 10.0  # a reply missing this long may have been dropped: ask (or read) again
+# A ``ros2 lifecycle set`` whose transition has not begun this long after the command started
+# (its Python start and discovery take seconds on a loaded machine) lost a request or reply of
+# its own; and once the node is there, the command's success line is waited for this long.
+CLI_START_S = 60.0
+CLI_END_S = 30.0
+CLI_TRIES = 3
+# What ``get_state`` answers while a transition runs, if it answers then at all.
+UNDER_WAY = {"configuring", "cleaningup", "shuttingdown", "activating", "deactivating",
+             "errorprocessing"}
 # The state each transition leads to when it succeeds.
 GOAL_STATE = {Transition.TRANSITION_CONFIGURE: "inactive",
               Transition.TRANSITION_CLEANUP: "unconfigured",
@@ -34,6 +44,7 @@ class Manager:
 
     def __init__(self, side: SpunNode, name: str = NODE) -> None:
         node = side.node
+        self.name = name
         self.change = node.create_client(ChangeState, f"{name}/change_state")
         self.get = node.create_client(GetState, f"{name}/get_state")
         self.transitions = node.create_client(GetAvailableTransitions,
@@ -81,8 +92,78 @@ class Manager:
                 return True, time.monotonic() - t0
         return future.result().success, time.monotonic() - t0
 
+    def transition_by_cli(self, label: str, transition_id: int) -> list[str]:
+        """``ros2 lifecycle set <name> <label>`` as a user types it; the node's state decides.
+
+        The command line sends each of its requests (the available transitions, then the
+        change) once and waits for the reply without a bound, and a reply can be lost between
+        processes (rmw_fastrtps drops one whose reader it has not matched yet:
+        ros2/rmw_fastrtps#842). So this client watches the node's state meanwhile: a command
+        whose transition never began is ended and typed again; one still waiting after the
+        node got there is ended. If no command got the node there, this client asks the node
+        itself: the node must make the transition either way. Returns what went wrong on the
+        way, for the test to report as a warning.
+        """
+        goal = GOAL_STATE[transition_id]
+        before = self.state()
+        trouble: list[str] = []
+        lost = 0
+        # Without the daemon the command line looks for the node for half a second and says
+        # "Node not found" when discovery is slower: typed again until DISCOVERY_S has passed.
+        discovery_deadline = time.monotonic() + DISCOVERY_S
+        while lost < CLI_TRIES:
+            cli = subprocess.Popen(["ros2", "lifecycle", "set", self.name, label, "--no-daemon"],
+                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            started = time.monotonic()
+            try:
+                while True:
+                    exited = cli.poll() is not None
+                    state = self.state()  # read after the exit: it shows what the command did
+                    if state in UNDER_WAY:
+                        assert time.monotonic() < started + TRANSITION_S, \
+                            f"{self.name}: {label} still {state!r} after {TRANSITION_S} s"
+                    elif state != before or exited or time.monotonic() > started + CLI_START_S:
+                        break
+                    _wait_for_exit(cli, REPLY_TRY_S)
+                if state != before:
+                    assert state == goal, f"{self.name}: {label} led to {state!r}, not {goal!r}"
+                    if _wait_for_exit(cli, CLI_END_S) is None:
+                        trouble.append(f"ros2 lifecycle set {label}: the node got there, the "
+                                       f"command line never heard (its reply was lost)")
+                    else:
+                        assert cli.returncode == 0, \
+                            f"ros2 lifecycle set {label}: {_output(cli)}"
+                    return trouble
+            finally:
+                if cli.poll() is None:
+                    cli.kill()
+                printed = _output(cli)
+            if "Node not found" in printed and time.monotonic() < discovery_deadline:
+                continue
+            lost += 1
+            trouble.append(f"ros2 lifecycle set {label}: the node stayed {before!r}; the "
+                           f"command line printed {printed!r}")
+        ok, _ = self.transition(transition_id)
+        reached = self.state()
+        assert ok and reached == goal, (
+            f"{self.name}: {label} reached {reached!r}, not {goal!r}, asked by the command line "
+            f"({trouble}) and by a client of the test's own")
+        return trouble
+
     def set_string(self, name: str, value: str) -> tuple[bool, str]:
         reply = self._call(self.params, SetParameters.Request(parameters=[Parameter(
             name=name, value=ParameterValue(type=ParameterType.PARAMETER_STRING,
                                             string_value=value))]))
         return reply.results[0].successful, reply.results[0].reason
+
+
+def _wait_for_exit(process: subprocess.Popen, timeout_s: float) -> int | None:
+    try:
+        return process.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        return None
+
+
+def _output(process: subprocess.Popen) -> str:
+    """What an ended process printed (stdout and stderr together); its pipe is closed."""
+    return process.communicate()[0] or ""

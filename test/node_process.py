@@ -46,11 +46,8 @@ ENDLESS_TOKENS = 3000
 ENDLESS_LIMITS = {"limits.max_tokens": ENDLESS_TOKENS}
 
 
-CLI_S = 120.0  # bound for one ros2 command (discovery and a lifecycle activation on 2 cores)
+CLI_S = 120.0  # bound for one ros2 command (its start and discovery on 2 cores)
 READ_TRY_S = 60.0  # one try of a ros2 read: asked again, within its bound, when lost
-# A transition's state is read back within this: ros2 lifecycle get waits while a transition
-# runs, and activate starts the engine (engine.start_timeout_s defaults to 600 s).
-TRANSITION_S = 600.0
 
 
 def ros2(*args: str, within_s: float = CLI_S) -> str:
@@ -61,11 +58,13 @@ def ros2(*args: str, within_s: float = CLI_S) -> str:
     read (``get``, ``list``, ``describe``) is asked again too when its reply never came (the
     CLI waits for a service reply without a bound, and rmw_fastrtps drops a reply whose
     reader it has not matched yet: docs/RELIABILITY.md, "the lost hops") or its command line
-    crashed (ros2cli has died of SIGSEGV tearing down its own rclpy on a loaded machine). A
-    change (``set``) is not: it may have been made (``lifecycle_set`` reads the state back).
-    A read is asked until ``within_s`` has passed.
+    crashed (ros2cli has died of SIGSEGV tearing down its own rclpy on a loaded machine); so
+    is ``param set``, which sets the same value again. A lifecycle transition is not: it may
+    have been made (``lifecycle_manager.Manager.transition_by_cli`` watches the node's state
+    instead). A repeatable command is asked until ``within_s`` has passed.
     """
-    read = len(args) > 1 and args[1] in ("get", "list", "describe")
+    read = len(args) > 1 and (args[1] in ("get", "list", "describe")
+                              or tuple(args[:2]) == ("param", "set"))
     deadline = time.monotonic() + within_s
     while True:
         try:
@@ -87,27 +86,6 @@ def ros2(*args: str, within_s: float = CLI_S) -> str:
 
 def _text(output: str | bytes | None) -> str:
     return output.decode(errors="replace") if isinstance(output, bytes) else output or ""
-
-
-def lifecycle_set(node: str, transition: str, state: str, tries: int = 3) -> None:
-    """``ros2 lifecycle set node transition``; the state read back afterwards decides.
-
-    The command's request or reply can be lost on the way (see ``ros2``): a command that hung
-    or failed is not a failure by itself. The node's state (``ros2 lifecycle get``, e.g.
-    ``"active [3]"``) must become ``state``; while it has not, the command is sent again (a
-    lost request changed nothing), at most ``tries`` times.
-    """
-    seen: list[str] = []
-    for _ in range(tries):
-        try:
-            ros2("lifecycle", "set", node, transition)
-        except AssertionError as e:
-            seen.append(f"set: {e}")
-        now = ros2("lifecycle", "get", node, within_s=TRANSITION_S)
-        if now.strip() == state:  # the whole line: "active [" is inside "inactive [2]"
-            return
-        seen.append(f"then: {now.strip()!r}")
-    raise AssertionError(f"{node} never reached {state!r} by {transition}: {seen}")
 
 
 _LOG_STAMP = re.compile(r"\[[A-Z]+\] \[(\d+\.\d+)\] ")

@@ -43,15 +43,19 @@ class SpinThread:
 
 
 class SpunNode:
-    """A node on its own context (so its own DDS participant), spun by a background executor.
+    """A node spun by a background executor, on a context of its own (its own DDS participant).
 
     Tests hang their camera publishers, result/diagnostics subscriptions and service clients
-    on ``node``; ``close`` tears all of it down.
+    on ``node``; ``close`` tears all of it down. Given ``context``, the node joins that one
+    (its owner shuts it down): one participant for several nodes of one test process.
     """
 
-    def __init__(self, name: str, single_threaded: bool = False) -> None:
-        self.context = Context()
-        rclpy.init(context=self.context)
+    def __init__(self, name: str, single_threaded: bool = False,
+                 context: Context | None = None) -> None:
+        self._own_context = context is None
+        self.context = context or Context()
+        if self._own_context:
+            rclpy.init(context=self.context)
         self.node = rclpy.create_node(name, context=self.context)
         self.executor = (SingleThreadedExecutor if single_threaded
                          else MultiThreadedExecutor)(context=self.context)
@@ -73,7 +77,8 @@ class SpunNode:
         return True
 
     def close(self) -> None:
-        """Stop spinning, destroy the node and shut its context down."""
+        """Stop spinning, destroy the node and shut its own context down."""
         self.spinning.stop()
         self.node.destroy_node()
-        rclpy.try_shutdown(context=self.context)
+        if self._own_context:
+            rclpy.try_shutdown(context=self.context)

@@ -25,6 +25,7 @@ import textwrap
 import threading
 import time
 import uuid
+import warnings
 from pathlib import Path
 
 import pytest
@@ -41,7 +42,6 @@ from lifecycle_msgs.srv import ChangeState  # noqa: E402
 from node_process import (  # noqa: E402
     NodeProcess,
     ProcessTree,
-    lifecycle_set,
     rgb_image_msg,
     ros2,
     scene,
@@ -457,18 +457,24 @@ def test_ros2_lifecycle_set_walks_the_served_node_and_ros2_param_sets_use_sim_ti
         pytest.skip("no ros2 command line: make setup builds it from ../shared/ros-src")
     name = f"cosmos_reason_{uuid.uuid4().hex[:8]}"
     proc, tree = served(tmp_path, "answers", name)
+    side = SpunNode("lifecycle_cli_watch")
     try:
-        for transition, state in (("configure", "inactive [2]"), ("activate", "active [3]"),
-                                  ("deactivate", "inactive [2]"),
-                                  ("cleanup", "unconfigured [1]"),
-                                  ("shutdown", "finalized [4]")):
-            lifecycle_set(f"/{name}", transition, state)
-            if transition == "activate":
+        manager = Manager(side, f"/{name}")
+        for label, transition in (("configure", Transition.TRANSITION_CONFIGURE),
+                                  ("activate", Transition.TRANSITION_ACTIVATE),
+                                  ("deactivate", Transition.TRANSITION_DEACTIVATE),
+                                  ("cleanup", Transition.TRANSITION_CLEANUP),
+                                  ("shutdown", Transition.TRANSITION_UNCONFIGURED_SHUTDOWN)):
+            trouble = manager.transition_by_cli(label, transition)
+            if trouble:
+                warnings.warn(str(trouble), stacklevel=1)
+            if label == "activate":
                 ros2("param", "set", f"/{name}", "use_sim_time", "true")
                 assert "True" in ros2("param", "get", f"/{name}", "use_sim_time")
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0
     finally:
+        side.close()
         tree.close()
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
