@@ -61,7 +61,7 @@ def node():
 
 @pytest.fixture(scope="module")
 def client(node):
-    with ReasonClient() as c:
+    with ReasonClient(context=node.context) as c:
         yield c
 
 

@@ -123,7 +123,7 @@ def io(node):
     io.node = node.side.node
     io.camera = node.camera
     io.results = node.results  # every ~/results message, appended as it arrives
-    io.client = ReasonClient()  # own participant, as a planner's would be
+    io.client = ReasonClient(context=node.context)  # one participant: see InProcessNode
     assert io.client.wait_for_server(30.0)
     io.probe = Probe()
     yield io

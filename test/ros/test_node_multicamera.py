@@ -343,7 +343,7 @@ def test_the_client_asks_about_named_cameras_and_reads_each_items_camera(make_no
     from cosmos_reason_ros.client import ReasonClient
 
     n = make_node(script=lambda r: Script(deltas=[GROUND_ANSWER]))
-    with ReasonClient() as client:
+    with ReasonClient(context=n.context) as client:
         assert client.wait_for_server(30.0)
         publish_both(n)
         result = client.ground(["cup"], cameras=["front", "wrist"], max_image_age_s=60.0,

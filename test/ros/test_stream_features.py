@@ -51,7 +51,7 @@ def stream():
 
     def make(params=None, script=long_goals_run_until_cancelled):
         node = InProcessNode({**STREAM_PARAMS, **(params or {})}, script)
-        client = ReasonClient()  # own participant, as a planner's would be
+        client = ReasonClient(context=node.context)  # one participant: see InProcessNode
         made.append((node, client))
         assert client.wait_for_server(30)
         return node, client
