@@ -239,7 +239,8 @@ class ProcessTree:
     """Every process seen below ``pid`` while it runs (polled), to check none outlives it.
 
     vLLM's engine processes come and go during start-up, so the tree is watched from the
-    start: a process that was only seen once still counts.
+    start: a process that was only seen once still counts. Children of a process seen are
+    watched after it lost its parent too (an orphaned engine core may still spawn its worker).
     """
 
     def __init__(self, pid: int, period_s: float = 0.05) -> None:
@@ -257,10 +258,12 @@ class ProcessTree:
 
     def _watch(self) -> None:
         while not self._stop.is_set():
-            try:
-                children = self._root.children(recursive=True)
-            except self._psutil.Error:  # the root has ended: nothing new can appear below it
-                break
+            children = []
+            for parent in [self._root, *self.seen()]:
+                try:
+                    children += parent.children(recursive=True)
+                except self._psutil.Error:  # ended: nothing new can appear below it
+                    pass
             with self._cond:
                 for child in children:
                     if child.pid not in self._seen:

@@ -262,6 +262,27 @@ def test_ctrl_c_of_ros2_launch_leaves_no_process(tiny_qwen3_vl, moment):
         tree.close()
 
 
+@pytest.mark.engine
+@pytest.mark.slow
+def test_kill_9_of_the_launched_node_during_activate_leaves_no_process(tiny_qwen3_vl):
+    """An OOM kill of the node while activate starts the engine (its core just spawned).
+
+    The engine core must notice its parent is gone and end, worker included, whether or not
+    it had spawned its worker yet.
+    """
+    skip_without_ros2()
+    node = PlainLaunchedNode("cpu_demo", {"engine.model": str(tiny_qwen3_vl)},
+                             env=ENGINE_PROCESSES)
+    tree = ProcessTree(node.proc.pid)
+    try:
+        assert tree.wait_for(lambda t: t.spawned(2), 300.0), \
+            f"no engine core below the launched node: {tree.names()}\n{node.output[-3000:]}"
+        kill_node_and_check_nothing_remains(node, tree, node_below(tree).pid)
+    finally:
+        node.stop()
+        tree.close()
+
+
 # --- real: ros2 launch itself ended by a signal ----------------------------------------------
 
 
