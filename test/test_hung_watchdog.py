@@ -1,0 +1,42 @@
+"""A test hung in native code holding the GIL ends its process instead of the whole run.
+
+pytest-timeout's handler needs the GIL, so a deadlock inside rclpy's destroy (Fast DDS,
+docs/RELIABILITY.md) used to hang a CI leg until its hard limit; conftest's faulthandler
+watchdog ends such a test's process after its timeout and a margin.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+
+HUNG = textwrap.dedent("""
+    import ctypes
+
+
+    def test_hangs_in_native_code_holding_the_gil():
+        libc = ctypes.PyDLL(None)  # PyDLL keeps the GIL, as rclpy's destroy does
+        mutex = ctypes.create_string_buffer(64)  # zeros: PTHREAD_MUTEX_INITIALIZER (glibc)
+        libc.pthread_mutex_lock(mutex)
+        libc.pthread_mutex_lock(mutex)  # a default mutex locked twice: never returns
+""")
+
+
+@pytest.mark.slow  # starts a process: the real tier
+def test_a_test_hung_holding_the_gil_fails_instead_of_hanging_the_run(tmp_path):
+    (tmp_path / "conftest.py").write_text(f"exec(open({str(HERE / 'conftest.py')!r}).read())\n")
+    (tmp_path / "test_hung.py").write_text(HUNG)
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--timeout=1",
+         str(tmp_path / "test_hung.py")],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "TEST_HUNG_MARGIN_S": "1"})
+    assert done.returncode != 0, done.stdout
+    assert "test_hangs_in_native_code_holding_the_gil" in done.stderr, done.stderr[-2000:]
