@@ -460,7 +460,10 @@ def test_ros2_lifecycle_set_walks_the_served_node_and_ros2_param_sets_use_sim_ti
     side = SpunNode("lifecycle_cli_watch")
     try:
         manager = Manager(side, f"/{name}")
+        activations = 0
         for label, transition in (("configure", Transition.TRANSITION_CONFIGURE),
+                                  ("activate", Transition.TRANSITION_ACTIVATE),
+                                  ("deactivate", Transition.TRANSITION_DEACTIVATE),
                                   ("activate", Transition.TRANSITION_ACTIVATE),
                                   ("deactivate", Transition.TRANSITION_DEACTIVATE),
                                   ("cleanup", Transition.TRANSITION_CLEANUP),
@@ -469,8 +472,10 @@ def test_ros2_lifecycle_set_walks_the_served_node_and_ros2_param_sets_use_sim_ti
             if trouble:
                 warnings.warn(str(trouble), stacklevel=1)
             if label == "activate":
-                ros2("param", "set", f"/{name}", "use_sim_time", "true")
-                assert "True" in ros2("param", "get", f"/{name}", "use_sim_time")
+                activations += 1
+                value = "true" if activations == 1 else "false"
+                ros2("param", "set", f"/{name}", "use_sim_time", value)
+                assert value.capitalize() in ros2("param", "get", f"/{name}", "use_sim_time")
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0
     finally:
