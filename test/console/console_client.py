@@ -12,8 +12,11 @@ from typing import Any
 
 from aiohttp import WSMsgType
 from aiohttp.test_utils import TestClient, TestServer
+from waiting import NEVER_S
 
-WAIT_S = 20.0
+# A message or picture the console should send at once: past this it never came (a starved CI
+# worker took over 20 s to fill a stuck browser's socket from a 30 fps camera).
+WAIT_S = NEVER_S
 
 
 async def next_json(ws: Any, kind: str, timeout_s: float = WAIT_S) -> dict[str, Any]:
