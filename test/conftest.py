@@ -6,8 +6,6 @@ set at import time take effect in this process and in every child process it sta
 
 from __future__ import annotations
 
-import contextlib
-import faulthandler
 import multiprocessing.process
 import os
 import random
@@ -125,39 +123,19 @@ subprocess.Popen.__init__ = _guarded_popen_init  # type: ignore[method-assign]
 multiprocessing.process.BaseProcess.start = _guarded_process_start  # type: ignore[method-assign]
 
 
-# A test stuck in native code holding the GIL (Fast DDS deadlocked destroying a participant,
-# docs/RELIABILITY.md) never lets pytest-timeout's handler run, and its run would hang until
-# CI's hard limit. faulthandler's watchdog is a C thread that needs no GIL: past the test's
-# timeout and this margin it prints every thread's Python stack and ends the process, so the
-# test fails (pytest-xdist reports its worker crashed) and the rest of the run goes on.
-HUNG_MARGIN_S = float(os.environ.get("TEST_HUNG_MARGIN_S", "120"))
-_hung_report: list[Any] = []  # the process's own stderr, not pytest's capture of it
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    capture = config.pluginmanager.getplugin("capturemanager")
-    with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
-        _hung_report.append(os.fdopen(os.dup(sys.stderr.fileno()), "w"))
+# A test hung in native code holding the GIL ends its process instead of the run.
+pytest_plugins = ("hung_watchdog",)
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
-    """Mark the test as fast-tier (no process allowed) for its setup, call and teardown.
-
-    And arm the hung-test watchdog for the same span.
-    """
+    """Mark the test as fast-tier (no process allowed) for its setup, call and teardown."""
     fast = not any(item.get_closest_marker(m) for m in ("slow", "engine", "drill"))
     if fast:
         _FAST_TEST.append(item.nodeid)
-    timeout_s = float(item.config.getoption("timeout", None) or 0)
-    if timeout_s > 0:
-        faulthandler.dump_traceback_later(timeout_s + HUNG_MARGIN_S, exit=True,
-                                          file=_hung_report[0])
     try:
         yield
     finally:
-        if timeout_s > 0:
-            faulthandler.cancel_dump_traceback_later()
         if fast:
             _FAST_TEST.clear()
 

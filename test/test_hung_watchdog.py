@@ -1,8 +1,8 @@
 """A test hung in native code holding the GIL ends its process instead of the whole run.
 
 pytest-timeout's handler needs the GIL, so a deadlock inside rclpy's destroy (Fast DDS,
-docs/RELIABILITY.md) used to hang a CI leg until its hard limit; conftest's faulthandler
-watchdog ends such a test's process after its timeout and a margin.
+docs/RELIABILITY.md) used to hang a CI leg until its hard limit; the ``hung_watchdog``
+plugin ends such a test's process after its timeout and a margin.
 """
 
 from __future__ import annotations
@@ -31,12 +31,14 @@ HUNG = textwrap.dedent("""
 
 @pytest.mark.slow  # starts a process: the real tier
 def test_a_test_hung_holding_the_gil_fails_instead_of_hanging_the_run(tmp_path):
-    (tmp_path / "conftest.py").write_text(f"exec(open({str(HERE / 'conftest.py')!r}).read())\n")
     (tmp_path / "test_hung.py").write_text(HUNG)
+    # The plugin alone: the suite's conftest would also clean Fast DDS's shared memory at the
+    # end of the session, under the feet of other runs on the machine.
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--timeout=1",
-         str(tmp_path / "test_hung.py")],
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "hung_watchdog", "-q",
+         "--timeout=1", str(tmp_path / "test_hung.py")],
         cwd=tmp_path, capture_output=True, text=True, timeout=120,
-        env={**os.environ, "TEST_HUNG_MARGIN_S": "1"})
+        env={**os.environ, "TEST_HUNG_MARGIN_S": "1",
+             "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])})
     assert done.returncode != 0, done.stdout
     assert "test_hangs_in_native_code_holding_the_gil" in done.stderr, done.stderr[-2000:]
