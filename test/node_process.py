@@ -47,7 +47,7 @@ ENDLESS_LIMITS = {"limits.max_tokens": ENDLESS_TOKENS}
 
 
 CLI_S = 120.0  # bound for one ros2 command (its start and discovery on 2 cores)
-READ_TRY_S = 60.0  # one try of a ros2 read: asked again, within its bound, when lost
+READ_TRY_S = 60.0  # one try of a repeatable ros2 command, asked again within its bound
 
 
 def ros2(*args: str, within_s: float = CLI_S) -> str:
@@ -63,20 +63,20 @@ def ros2(*args: str, within_s: float = CLI_S) -> str:
     have been made (``lifecycle_manager.Manager.transition_by_cli`` watches the node's state
     instead). A repeatable command is asked until ``within_s`` has passed.
     """
-    read = len(args) > 1 and (args[1] in ("get", "list", "describe")
-                              or tuple(args[:2]) == ("param", "set"))
+    repeatable = len(args) > 1 and (args[1] in ("get", "list", "describe")
+                                    or tuple(args[:2]) == ("param", "set"))
     deadline = time.monotonic() + within_s
     while True:
         try:
-            done = subprocess.run(["ros2", *args, "--no-daemon"], capture_output=True,
-                                  text=True, timeout=READ_TRY_S if read else CLI_S, check=False)
+            done = subprocess.run(["ros2", *args, "--no-daemon"], capture_output=True, text=True,
+                                  timeout=READ_TRY_S if repeatable else CLI_S, check=False)
         except subprocess.TimeoutExpired as e:
-            if not read or time.monotonic() > deadline:
+            if not repeatable or time.monotonic() > deadline:
                 printed = f"{_text(e.stdout)!r} {_text(e.stderr)!r}"
                 raise AssertionError(f"ros2 {' '.join(args)}: no end within {e.timeout} s; "
                                      f"it printed: {printed}") from None
             continue
-        again = "Node not found" in done.stderr or (read and done.returncode < 0)
+        again = "Node not found" in done.stderr or (repeatable and done.returncode < 0)
         if not again or time.monotonic() > deadline:
             break
     assert done.returncode == 0, f"ros2 {' '.join(args)}: {done.returncode}\n{done.stdout}" \
@@ -257,22 +257,24 @@ class ProcessTree:
         threading.Thread(target=self._watch, daemon=True).start()
 
     def _watch(self) -> None:
+        # One scan of /proc per period: the parent of every process, then the tree walked down
+        # from the root and from every process seen (one whose parent ended included).
         while not self._stop.is_set():
-            children = []
-            for parent in [self._root, *self.seen()]:
-                try:
-                    children += parent.children(recursive=True)
-                except self._psutil.Error:  # ended: nothing new can appear below it
-                    pass
+            current, children = {}, {}
+            for process in self._psutil.process_iter(["ppid"]):
+                current[process.pid] = process
+                children.setdefault(process.info["ppid"], []).append(process)
             with self._cond:
-                for child in children:
-                    if child.pid not in self._seen:
-                        try:
-                            self._parents[child.pid] = child.ppid()
-                        except self._psutil.Error:  # ended already
-                            continue
-                        self._seen[child.pid] = child
-                        self._titles[child.pid] = _describe(child)
+                # a pid seen before is walked only while it is the same process (not reused)
+                below = [pid for pid, p in [(self._root.pid, self._root), *self._seen.items()]
+                         if current.get(pid) == p]
+                while below:
+                    for child in children.get(below.pop(), ()):
+                        if child.pid not in self._seen:
+                            self._parents[child.pid] = child.info["ppid"]
+                            self._seen[child.pid] = child
+                            self._titles[child.pid] = _describe(child)
+                            below.append(child.pid)
                 self._cond.notify_all()
             self._stop.wait(self._period_s)
 

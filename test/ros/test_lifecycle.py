@@ -460,22 +460,22 @@ def test_ros2_lifecycle_set_walks_the_served_node_and_ros2_param_sets_use_sim_ti
     side = SpunNode("lifecycle_cli_watch")
     try:
         manager = Manager(side, f"/{name}")
-        activations = 0
-        for label, transition in (("configure", Transition.TRANSITION_CONFIGURE),
-                                  ("activate", Transition.TRANSITION_ACTIVATE),
-                                  ("deactivate", Transition.TRANSITION_DEACTIVATE),
-                                  ("activate", Transition.TRANSITION_ACTIVATE),
-                                  ("deactivate", Transition.TRANSITION_DEACTIVATE),
-                                  ("cleanup", Transition.TRANSITION_CLEANUP),
-                                  ("shutdown", Transition.TRANSITION_UNCONFIGURED_SHUTDOWN)):
+        # Each time it is active, use_sim_time is set through ros2 param (the value after it).
+        for label, transition, use_sim_time in (
+                ("configure", Transition.TRANSITION_CONFIGURE, None),
+                ("activate", Transition.TRANSITION_ACTIVATE, "true"),
+                ("deactivate", Transition.TRANSITION_DEACTIVATE, None),
+                ("activate", Transition.TRANSITION_ACTIVATE, "false"),
+                ("deactivate", Transition.TRANSITION_DEACTIVATE, None),
+                ("cleanup", Transition.TRANSITION_CLEANUP, None),
+                ("shutdown", Transition.TRANSITION_UNCONFIGURED_SHUTDOWN, None)):
             trouble = manager.transition_by_cli(label, transition)
             if trouble:
                 warnings.warn(str(trouble), stacklevel=1)
-            if label == "activate":
-                activations += 1
-                value = "true" if activations == 1 else "false"
-                ros2("param", "set", f"/{name}", "use_sim_time", value)
-                assert value.capitalize() in ros2("param", "get", f"/{name}", "use_sim_time")
+            if use_sim_time is not None:
+                ros2("param", "set", f"/{name}", "use_sim_time", use_sim_time)
+                assert use_sim_time.capitalize() in ros2("param", "get", f"/{name}",
+                                                         "use_sim_time")
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0
     finally:
