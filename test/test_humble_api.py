@@ -94,6 +94,10 @@ HUMBLE: dict[str, frozenset[str]] = {k: frozenset(v.split()) for k, v in {
     "rclpy.context": "Context",
     "rclpy.signals": "SignalHandlerOptions SignalHandlerGuardCondition",
     "rclpy.serialization": "serialize_message deserialize_message",
+    # Humble's impl/rcutils_logger.py writes each line with
+    # rclpy_implementation.rclpy_logging_rcutils_log(severity, name, message, function_name,
+    # file_path, line_number), the call ros/pylog.py's log_line makes (FlexBE does so on Humble).
+    "rclpy.impl.implementation_singleton": "rclpy_implementation",
     "rclpy.logging": """get_logger LoggingSeverity set_logger_level get_logger_effective_level
         initialize clear_config get_logging_directory""",
     "rclpy.task": "Future Task",

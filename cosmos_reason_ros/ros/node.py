@@ -46,6 +46,7 @@ from rclpy.action import CancelResponse, GoalResponse
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallbackGroup
 from rclpy.executors import SingleThreadedExecutor
 from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
+from rclpy.logging import LoggingSeverity
 from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
 
 from cosmos_reason_interfaces.action import Reason
@@ -688,7 +689,8 @@ class ReasonNode(LifecycleNode):
                     "took the whole output): recovered and noted in parse_problems; ask with "
                     "reasoning on, or run the server without --reasoning-parser", once=True)
             self.latencies.append((run.time_to_first_token_s, time.monotonic() - t_accept))
-            self.get_logger().info(
+            pylog.log_line(
+                self.get_logger(), LoggingSeverity.INFO,
                 f"goal {msg.goal_id[:8]} succeeded: task={msg.task} "
                 f"tokens={msg.prompt_tokens}+{msg.output_tokens} "
                 f"cached={msg.cached_prompt_tokens} ttft_s={run.time_to_first_token_s:.3f} "
@@ -717,8 +719,9 @@ class ReasonNode(LifecycleNode):
     def _end_with_error(self, goal_handle: Any, msg: ReasoningResult,
                         error: CosmosReasonError) -> None:
         messages.fill_error(msg, error)
-        self.get_logger().warning(f"goal {msg.goal_id[:8]} ended: code={error.code.name} "
-                                  f"message={error.message}")
+        pylog.log_line(self.get_logger(), LoggingSeverity.WARN,
+                       f"goal {msg.goal_id[:8]} ended: code={error.code.name} "
+                       f"message={error.message}")
         if isinstance(error, RequestCancelledError) and goal_handle.is_cancel_requested:
             goal_handle.canceled()
             self._count("canceled")

@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from collections.abc import MutableMapping
 from typing import Any
+
+from rclpy.impl.implementation_singleton import rclpy_implementation
 
 PACKAGE_LOGGER = "cosmos_reason_ros"
 
@@ -40,6 +43,22 @@ class RosLogHandler(logging.Handler):
                 self._ros_logger.debug(text)
         except Exception:  # noqa: BLE001 - logging must never raise into the caller
             self.handleError(record)
+
+
+def log_line(ros_logger: Any, severity: int, message: str) -> None:
+    """Write ``message`` as ``ros_logger``'s ``info``, ``warning``... would, for far less CPU.
+
+    rclpy's logger finds its caller with ``inspect.getframeinfo`` on every call (file-system
+    lookups and the source line), for its once/throttle filters: measured 0.50 ms a line on the
+    2-core machine against 0.011 ms written straight to rcutils, as this does (same console
+    line and ``/rosout``, the caller's function, file and line). For lines written once per
+    goal, which need no filter.
+    """
+    if ros_logger.is_enabled_for(severity):
+        caller = sys._getframe(1)
+        rclpy_implementation.rclpy_logging_rcutils_log(
+            severity, ros_logger.name, message, caller.f_code.co_name, caller.f_code.co_filename,
+            caller.f_lineno)
 
 
 def forward_to(ros_logger: Any) -> RosLogHandler:

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -73,3 +76,26 @@ def test_vllm_gets_the_nodes_level_unless_the_user_chose_one() -> None:
     environ = {"VLLM_LOGGING_LEVEL": "DEBUG"}
     match_vllm_logging(Recorder(logging.ERROR), environ)
     assert environ == {"VLLM_LOGGING_LEVEL": "DEBUG"}
+
+
+@pytest.mark.slow  # a process of its own: rcutils reads its output format once per process
+def test_log_line_writes_the_line_rclpys_logger_writes(tmp_path) -> None:
+    pytest.importorskip("rclpy", reason="needs the ROS 2 wheels (make setup)")
+    script = tmp_path / "goal_log.py"
+    script.write_text(
+        "import rclpy\n"
+        "from rclpy.logging import LoggingSeverity\n"
+        "from cosmos_reason_ros.ros.pylog import log_line\n"
+        "logger = rclpy.logging.get_logger('pylog_line')\n"
+        "def end_goal():\n"
+        "    log_line(logger, LoggingSeverity.INFO, 'goal 1 succeeded')\n"
+        "    log_line(logger, LoggingSeverity.DEBUG, 'below the level: not written')\n"
+        "    logger.info('goal 1 succeeded')\n"
+        "end_goal()\n")
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=60, check=True,
+        env={**os.environ, "RCUTILS_CONSOLE_OUTPUT_FORMAT":
+             "{severity} {name} {function_name} {file_name}:{line_number} {message}"})
+    assert done.stderr.splitlines() == [
+        f"INFO pylog_line end_goal {script}:6 goal 1 succeeded",
+        f"INFO pylog_line end_goal {script}:8 goal 1 succeeded"]
