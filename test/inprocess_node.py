@@ -36,6 +36,7 @@ from waiting import DISCOVERY_S, NEVER_S, ask_until_answered, wait_until
 from cosmos_reason_interfaces.action import Reason
 from cosmos_reason_interfaces.msg import ReasoningResult
 from cosmos_reason_ros.ros.node import SUCCESS, ReasonNode
+from cosmos_reason_ros.ros.outputs import RESULTS_QUEUE_DEPTH
 
 # A profile that needs no checkpoint on disk (the fake engine has no tokenizer).
 BASE_PARAMS: dict[str, Any] = {"engine.model": "fake-model", "model.family": "cosmos_reason2",
@@ -126,8 +127,9 @@ class InProcessNode:
         self.diagnostics: list[DiagnosticStatus] = []  # this node's /diagnostics statuses
         self._results_cond = threading.Condition()
         self._feedback_log: dict[str, list[Any]] | None = None  # watch_feedback()
+        # As deep as the node's writer history: a starved side thread must not drop results.
         self.side.node.create_subscription(ReasoningResult, "/cosmos_reason/results",
-                                           self._on_result, 50)
+                                           self._on_result, RESULTS_QUEUE_DEPTH)
         self.side.node.create_subscription(DiagnosticArray, "/diagnostics",
                                            self._on_diagnostics, 10)
         # Read every 10 ms (rclpy's wait_for_server sleeps 0.25 s between reads).
