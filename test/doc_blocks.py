@@ -1,4 +1,4 @@
-"""The fenced code blocks of README.md and docs/*.md: one reader for every test that runs them.
+"""The fenced code blocks of README.md and docs/: one reader for every test that runs them.
 
 The executed-docs tests (python blocks run against the in-process node, yaml blocks loaded as
 params files), the client test of the README's example and the RGB-D drill's driver profile
@@ -14,14 +14,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-DOCS = (REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("*.md")))
+# docs/bench/ included: its run logs quote the commands that produced them.
+DOCS = (REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").rglob("*.md")))
 
 
 @dataclass(frozen=True)
 class DocBlock:
     """One fenced block: its document, section heading, first line, fence and source."""
 
-    doc: str  # "README.md", "PLANNERS.md"
+    doc: str  # "README.md", "PLANNERS.md", "bench/fleet-2026-12-01.md"
     heading: str  # the nearest heading above it (without the #s); "<heading> #2" for a second
     line: int  # the block's first line of code in the document
     source: str
@@ -29,6 +30,11 @@ class DocBlock:
     @property
     def key(self) -> str:
         return f"{self.doc}: {self.heading}"
+
+
+def _name(doc: Path) -> str:
+    """The document's path below docs/ (README.md's name alone)."""
+    return doc.name if doc.parent == REPO_ROOT else doc.relative_to(REPO_ROOT / "docs").as_posix()
 
 
 def doc_blocks(fences: Collection[str], docs: Sequence[Path] = DOCS) -> list[DocBlock]:
@@ -52,7 +58,7 @@ def doc_blocks(fences: Collection[str], docs: Sequence[Path] = DOCS) -> list[Doc
                 if fence in fences:
                     seen[heading] = seen.get(heading, 0) + 1
                     name = heading if seen[heading] == 1 else f"{heading} #{seen[heading]}"
-                    blocks.append(DocBlock(doc.name, name, start, "\n".join(body) + "\n"))
+                    blocks.append(DocBlock(_name(doc), name, start, "\n".join(body) + "\n"))
                 fence = None
             else:
                 body.append(line[indent:] if not line[:indent].strip() else line.lstrip())

@@ -1,4 +1,4 @@
-"""Every command line quoted in README.md and docs/*.md runs a real command with real flags.
+"""Every command line quoted in README.md and docs/ (all of it) runs a real command with real flags.
 
 A quoted line counts when it runs one of the package's console scripts (``NAME ...``,
 ``ros2 run cosmos_reason_ros NAME ...`` or ``python -m cosmos_reason_ros.MODULE ...``),
@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from doc_blocks import DOCS
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-DOCS = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("*.md"))]
 SHELL_FENCES = {"", "bash", "sh", "shell", "console"}
 NODE_SCRIPT = "cosmos_reason_node"  # a ROS node: takes --ros-args only, has no --help
 

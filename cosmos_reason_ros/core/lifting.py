@@ -142,8 +142,8 @@ def _lift_boxes(depth: DepthImage, camera: CameraModel, boxes: Sequence[Box], sc
     """Lift every box of a goal in one pass over all their depth samples.
 
     Why batched: a box is ~1 500 samples, so a numpy call on one box costs about as much in
-    overhead as in work; one call per step for all boxes is measured in PERFORMANCE.md ("3D
-    lifting cost"). The order statistics (one partition per box) stay per box.
+    overhead as in work; one call per step for all boxes is measured in
+    docs/bench/lifting-2026-12-02.md. The order statistics (one partition per box) stay per box.
     """
     lifted: list[Lifted | None] = [None] * len(boxes)
     grids: list[tuple[int, _Grid]] = []

@@ -18,7 +18,8 @@ Every request about one camera carries the same routing header (``session_header
 ``ChatRequest.session_key``), so a router with session affinity (``vllm-router --policy
 consistent_hash``) keeps a camera's goals and prefills on the server holding its image in
 cache. The body is ``openai_request.RequestEncoder``'s. (The ``openai`` SDK was measured side
-by side and kept out: ~2 ms more per request on this path, docs/PERFORMANCE.md.)
+by side and kept out: ~2 ms more per request on this path,
+docs/bench/http-client-2026-12-01.md.)
 
 Bounds (judged by ``openai_stream``): reading stops a little past the request's
 ``max_tokens`` (``output_token_limit``; reasoning counts too), judged by content deltas,
