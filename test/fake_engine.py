@@ -255,7 +255,7 @@ class FakeEngine(Engine):
 
         return self.wait_for(generating, timeout_s, f"{count} request(s) generating")
 
-    async def health(self) -> EngineHealth:
+    def health(self) -> EngineHealth:
         with self.lock:
             running = len(self.running)
         return EngineHealth(self.state, self.model, running_requests=running, detail=self.detail,

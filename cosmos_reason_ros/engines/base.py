@@ -96,8 +96,12 @@ class Engine(abc.ABC):
         """Stop a running request; unknown or finished ids are ignored."""
 
     @abc.abstractmethod
-    async def health(self) -> EngineHealth:
-        """Return the current state; never raises."""
+    def health(self) -> EngineHealth:
+        """Return the current state; never raises.
+
+        Called from any thread (a goal's admission, the diagnostics timer) while the engine
+        runs on its loop: it reads state only, never waits.
+        """
 
     @abc.abstractmethod
     async def close(self) -> None:

@@ -444,7 +444,7 @@ class OpenAIServerEngine(Engine):
         if flight is not None:
             flight.abort()
 
-    async def health(self) -> EngineHealth:
+    def health(self) -> EngineHealth:
         """READY (every URL up), DEGRADED (some), UNAVAILABLE (none); never raises."""
         try:
             if self._closed:

@@ -473,23 +473,19 @@ class EngineRunner:
 
     # --- health ---------------------------------------------------------------------------
 
-    def health(self, timeout_s: float = 1.0) -> EngineHealth:
+    def health(self) -> EngineHealth:
         """Return a snapshot for diagnostics and admission; never raises.
 
-        While the loop is busy (e.g. loading the model) the last known state is returned
-        with a note in ``detail``.
+        Read on the calling thread (an engine's ``health`` reads state only): a round trip
+        through the engine's loop cost every goal's admission two thread hand-offs, and waited
+        behind the loop's work (streaming other goals, loading the model) for up to a second.
+        Before the engine has started, and after it closed, the last known state.
         """
         loop = self._loop
         if self._closed or loop is None or not self._started or not loop.is_running():
             return self._with_running(self._last_health)
-        future = asyncio.run_coroutine_threadsafe(self._engine.health(), loop)
         try:
-            health = future.result(timeout_s)
-        except concurrent.futures.TimeoutError:
-            future.cancel()
-            last = self._last_health
-            return self._with_running(EngineHealth(
-                last.state, last.model, detail=f"engine loop busy for > {timeout_s} s"))
+            health = self._engine.health()
         except Exception as exc:  # noqa: BLE001 - health never raises
             return self._with_running(EngineHealth(
                 EngineState.UNAVAILABLE, self.model_name, detail=f"health failed: {exc}"))

@@ -341,7 +341,7 @@ class VllmLocalEngine(Engine):
         _shutdown_quietly(engine, self._config.shutdown_timeout_s)
         _LOG.info("vllm engine closed model=%s", self.model_name)
 
-    async def health(self) -> EngineHealth:
+    def health(self) -> EngineHealth:
         """State, model and running request count; never raises."""
         state, detail = self._state, self._detail
         engine = self._engine

@@ -460,7 +460,7 @@ def test_5xx_before_first_token_moves_to_the_fallback_and_marks_the_url_down() -
                 assert "".join(c.text_delta for c in chunks) == "A cup"
             assert len(good.bodies) == 3
             assert len(bad.bodies) == 1  # tried once, then down until /health says up
-            assert "bad gateway" in (await engine.health()).detail
+            assert "bad gateway" in engine.health().detail
     run(body())
 
 
@@ -548,7 +548,7 @@ def test_error_after_first_token_is_not_retried() -> None:
 
 async def wait_health(engine: OpenAIServerEngine, state: EngineState) -> None:
     async def reached() -> bool:  # the engine's own health loop (0.2 s period) notices
-        return (await engine.health()).state == state
+        return engine.health().state == state
 
     await async_wait_until(reached, 30.0, f"engine never {state.value}")
 
@@ -579,12 +579,12 @@ def test_a_router_is_judged_by_readiness_a_server_by_health() -> None:
         async with FakeServer(good_chat(), health_status=503, readiness_status=200) as router, \
                 FakeServer(good_chat()) as onboard, \
                 engine_for(fake_cfg(router, onboard)) as engine:
-            assert (await engine.health()).state == EngineState.READY
+            assert engine.health().state == EngineState.READY
             await collect(engine, image_request())
             assert (len(router.bodies), len(onboard.bodies)) == (1, 0)
             router.readiness_status = 503  # no backend left behind the router
             await wait_health(engine, EngineState.DEGRADED)
-            assert "GET /readiness returned HTTP 503" in (await engine.health()).detail
+            assert "GET /readiness returned HTTP 503" in engine.health().detail
             await collect(engine, image_request())
             assert (len(router.bodies), len(onboard.bodies)) == (1, 1)
     run(body())
@@ -597,7 +597,7 @@ def test_health_routes_closed_to_us_do_not_make_a_server_down() -> None:
         async with FakeServer(status_chat(401, "Unauthorized"), health_status=401,
                               readiness_status=401) as proxy, \
                 engine_for(fake_cfg(proxy)) as engine:
-            assert (await engine.health()).state == EngineState.READY
+            assert engine.health().state == EngineState.READY
             with pytest.raises(EngineUnavailableError, match="API key rejected"):
                 await collect(engine, image_request())
     run(body())
@@ -608,16 +608,16 @@ def test_a_rejected_api_key_is_a_health_problem_until_the_server_takes_a_request
         # vllm serve --api-key guards /v1 only: /health stays up while every request gets 401.
         async with FakeServer(status_chat(401, "Unauthorized")) as server, \
                 engine_for(fake_cfg(server, api_key_env="CR_TEST_KEY_UNSET")) as engine:
-            assert (await engine.health()).problems == ()
+            assert engine.health().problems == ()
             with pytest.raises(EngineUnavailableError, match="API key rejected"):
                 await collect(engine, image_request())
-            health = await engine.health()
+            health = engine.health()
             assert health.state == EngineState.READY
             [problem] = health.problems
             assert server.base in problem and "CR_TEST_KEY_UNSET" in problem
             server.chat = good_chat()  # the key fixed on the server's side
             await collect(engine, image_request())
-            assert (await engine.health()).problems == ()
+            assert engine.health().problems == ()
     run(body())
 
 
@@ -839,7 +839,7 @@ def test_warm_up_against_a_server_ignoring_max_tokens_finishes_promptly(
                 assert fake.bodies[0]["max_tokens"] == 1
                 # The client stopped after the 10th event (unbounded: tens of thousands).
                 assert endless.events < output_token_limit(1) + 40
-                assert (await engine.health()).state == EngineState.READY
+                assert engine.health().state == EngineState.READY
             finally:
                 await engine.close()
         assert any("warm-up done" in r.getMessage() for r in caplog.records)
@@ -902,7 +902,7 @@ def test_streams_text_for_an_image_question(server: VllmServer, key_env: str) ->
     async def body() -> None:
         async with engine_for(cfg(server.base)) as engine:
             assert engine.model_name == "tiny"
-            assert (await engine.health()).state == EngineState.READY
+            assert engine.health().state == EngineState.READY
             t0 = time.monotonic()
             chunks = await collect(engine, image_request(max_tokens=24))
             latency = time.monotonic() - t0
@@ -1047,7 +1047,7 @@ def test_cancel_stops_the_request_on_the_server(server: VllmServer, key_env: str
             print(f"{how}: {made:.0f} of 1800 tokens generated")
             assert made < 0.8 * 1800
             assert time.monotonic() - t_cancel < max(10.0, 0.5 * remaining)
-            assert (await engine.health()).running_requests == 0
+            assert engine.health().running_requests == 0
     run(body())
 
 
@@ -1057,7 +1057,7 @@ def test_primary_down_the_fallback_serves(server: VllmServer, key_env: str) -> N
 
     async def body() -> None:
         async with engine_for(cfg(dead, server.base)) as engine:
-            health = await engine.health()
+            health = engine.health()
             assert health.state == EngineState.DEGRADED and dead in health.detail
             for _ in range(3):
                 chunks = await collect(engine, image_request(max_tokens=4))
@@ -1093,7 +1093,7 @@ def test_all_urls_down_fails_fast() -> None:
         try:
             with pytest.raises(EngineUnavailableError, match="no URL became healthy"):
                 await engine.start()
-            assert (await engine.health()).state == EngineState.UNAVAILABLE
+            assert engine.health().state == EngineState.UNAVAILABLE
             t0 = time.monotonic()
             with pytest.raises(EngineUnavailableError) as info:
                 await collect(engine, image_request())
@@ -1102,7 +1102,7 @@ def test_all_urls_down_fails_fast() -> None:
             assert took < engine.config.connect_timeout_s  # no waiting on dead servers
         finally:
             await engine.close()
-        assert (await engine.health()).state == EngineState.CLOSED
+        assert engine.health().state == EngineState.CLOSED
     run(body())
 
 
@@ -1118,7 +1118,7 @@ def test_api_key_never_appears_in_logs_reprs_or_errors(
         config = cfg(dead, server.base)
         async with engine_for(config) as engine:
             await collect(engine, image_request(max_tokens=4))
-            errors.extend([repr(config), str(config), repr(engine), str(await engine.health())])
+            errors.extend([repr(config), str(config), repr(engine), str(engine.health())])
             for bad in (text_request("x " * 3000), text_request(temperature=-1.0)):
                 with pytest.raises(CosmosReasonError) as info:
                     await collect(engine, bad)

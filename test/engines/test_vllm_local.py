@@ -277,7 +277,7 @@ def test_closing_the_stream_early_aborts_the_vllm_request(qwen3):
         await stream.__anext__()
         during = engine.num_unfinished_engine_requests()
         await stream.aclose()  # Engine contract: closing early aborts in the backend
-        health = await engine.health()
+        health = engine.health()
         return during, engine.num_unfinished_engine_requests(), health.running_requests
 
     during, after, running = asyncio.run_coroutine_threadsafe(
