@@ -295,7 +295,7 @@ class GoalPipeline(Generic[P]):
                  to_target_frame: Callable[[Answer3D, int], Answer3D] | None = None, *,
                  cameras: Mapping[str, FrameHistory[P]] | None = None,
                  max_skew_s: float = DEFAULT_MAX_SKEW_S) -> None:
-        """``runner``: an ``engines.runner.EngineRunner`` (``submit``/``health``).
+        """``runner``: an ``engines.runner.EngineRunner`` (``submit``/``health_now``).
 
         ``history`` is the default camera's frames. ``clock_ns`` is the clock frame ages are
         measured on (the node clock: sim time under replay); ``source_name`` names the default
@@ -411,7 +411,7 @@ class GoalPipeline(Generic[P]):
                 raise BadRequestError(f"clip_fps={fps:g}: allowed 0 (default {s.clip_fps:g}) "
                                       f"up to {MAX_CLIP_FPS:g}")
         if check_engine:
-            health = self.runner.health()
+            health = self.runner.health_now()
             if health.state.value in UNAVAILABLE_STATES:
                 raise EngineUnavailableError(f"engine {health.state.value}: {health.detail}")
         return ValidGoal(goal, spec, source, timeout or s.goal_timeout_s,

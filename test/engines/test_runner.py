@@ -340,7 +340,7 @@ def test_start_timeout_is_engine_unavailable_and_health_stays_answerable():
     runner = EngineRunner(FakeEngine(start_gate=gate))
     with pytest.raises(EngineUnavailableError, match="did not start within"):
         runner.start(timeout_s=0.2)
-    assert runner.health().state is EngineState.UNAVAILABLE
+    assert runner.health(timeout_s=0.5).state is EngineState.UNAVAILABLE
     gate.set()
     runner.close(timeout_s=WAIT_S)
     assert runner._thread is not None and not runner._thread.is_alive()
