@@ -250,6 +250,7 @@ class ProcessTree:
         self._root = psutil.Process(pid)
         self._seen: dict[int, psutil.Process] = {}
         self._parents: dict[int, int] = {}
+        self._started: dict[int, int] = {}  # start time (clock ticks after boot), as first seen
         self._titles: dict[int, str] = {}  # as first seen
         self._cond = threading.Condition()
         self._stop = threading.Event()
@@ -257,24 +258,32 @@ class ProcessTree:
         threading.Thread(target=self._watch, daemon=True).start()
 
     def _watch(self) -> None:
-        # One scan of /proc per period: the parent of every process, then the tree walked down
-        # from the root and from every process seen (one whose parent ended included).
+        # One pass over /proc per period (the parent of every process), then the tree walked
+        # down from the root and from every process seen (one whose parent ended included).
+        # Read here, not through psutil: its per-process objects cost 3x as much a pass, in
+        # the test's own process, beside its DDS callbacks.
         while not self._stop.is_set():
-            current, children = {}, {}
-            for process in self._psutil.process_iter(["ppid"]):
-                current[process.pid] = process
-                children.setdefault(process.info["ppid"], []).append(process)
+            processes = _parent_pids()
+            children: dict[int, list[int]] = {}
+            for pid, (parent, _started) in processes.items():
+                children.setdefault(parent, []).append(pid)
             with self._cond:
                 # a pid seen before is walked only while it is the same process (not reused)
-                below = [pid for pid, p in [(self._root.pid, self._root), *self._seen.items()]
-                         if current.get(pid) == p]
+                below = [self._root.pid] + [pid for pid, started in self._started.items()
+                                            if processes.get(pid, (0, None))[1] == started]
                 while below:
-                    for child in children.get(below.pop(), ()):
-                        if child.pid not in self._seen:
-                            self._parents[child.pid] = child.info["ppid"]
-                            self._seen[child.pid] = child
-                            self._titles[child.pid] = _describe(child)
-                            below.append(child.pid)
+                    parent = below.pop()
+                    for pid in children.get(parent, ()):
+                        if pid in self._seen:
+                            continue
+                        try:
+                            process = self._psutil.Process(pid)
+                        except self._psutil.Error:  # ended already
+                            continue
+                        self._parents[pid], self._seen[pid] = parent, process
+                        self._started[pid] = processes[pid][1]
+                        self._titles[pid] = _describe(process)
+                        below.append(pid)
                 self._cond.notify_all()
             self._stop.wait(self._period_s)
 
@@ -342,6 +351,20 @@ class ProcessTree:
                 p.kill()
             except self._psutil.Error:
                 pass
+
+
+def _parent_pids() -> dict[int, tuple[int, int]]:
+    """Each process's parent pid and start time, from /proc/<pid>/stat (after the name)."""
+    parents = {}
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                with open(f"/proc/{entry.name}/stat", "rb") as stat:
+                    fields = stat.read().rsplit(b")", 1)[1].split()
+            except OSError:  # ended meanwhile
+                continue
+            parents[int(entry.name)] = (int(fields[1]), int(fields[19]))
+    return parents
 
 
 def _describe(process, fallback: str = "") -> str:
