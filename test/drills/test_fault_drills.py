@@ -348,14 +348,22 @@ def test_100_goals_at_once_every_goal_gets_a_result(io, record):
     assert ok + overloaded == 100, codes
     assert ok >= MAX_RUNNING + MAX_QUEUED
     assert all(r.status == ("succeeded" if r.ok else "rejected") for r in results)
-    # Nothing lost silently: each of the 100 also went out on ~/results (refusals too).
+    # Nothing lost silently: each of the 100 also went out on ~/results (refusals too). A goal
+    # request asked again because its response was lost may have been refused (and that
+    # refusal published) before a later ask was accepted, so ~/results can hold more refusals
+    # than the client saw (under load 18 for 9).
+    answered = {r.message.goal_id for r in results if r.ok}
+
+    def published() -> tuple[set[str], int]:  # answered goal ids, refusals
+        goals = [m for m in io.results[seen:] if m.origin == "goal"]
+        return ({m.goal_id for m in goals if m.error_code == 0},
+                sum(m.error_code == ErrorCode.OVERLOADED for m in goals))
+
     with io.cond:
-        assert io.cond.wait_for(lambda: len(io.results) - seen >= 100, 20)
-        published = [m for m in io.results[seen:] if m.origin == "goal"]
-    assert len(published) == 100
-    assert sum(m.error_code == ErrorCode.OVERLOADED for m in published) == overloaded
-    assert {m.goal_id for m in published if m.error_code == 0} == \
-        {r.message.goal_id for r in results if r.ok}
+        io.cond.wait_for(lambda: published()[0] >= answered and published()[1] >= overloaded, 20)
+        ids, refusals = published()
+    assert ids == answered
+    assert refusals >= overloaded
 
 
 # What only the real engine shows: vLLM's own running count returns to 0 after a burst of
