@@ -219,7 +219,16 @@ def test_release_delivers_the_aborted_result_of_every_accepted_goal(monkeypatch)
                 wait_until(lambda: not (n.node.slots.running or n.node.slots.queued), 10.0,
                            "the stop ended every goal")
                 time.sleep(3 * SHUTDOWN_RESULTS_LINGER_S)  # paces: a client that asks late
-            status, msg = n.result(handle, 10.0, ask_again_s=0.2)
+            try:
+                status, msg = n.result(handle, 10.0, ask_again_s=0.2)
+            except AssertionError as unanswered:  # what the node had, for the diagnosis
+                server = n.node._action_server
+                asked = server.result_requests(set(n.node._ended_by_stop)) if server else None
+                raise AssertionError(
+                    f"{name}: {unanswered}; the node: release running "
+                    f"{closer.is_alive()}, goals ended by the stop "
+                    f"{len(n.node._ended_by_stop)}, their result requests {asked}, action "
+                    f"server {'present' if server else 'gone'}") from None
             assert status == GoalStatus.STATUS_ABORTED, name
             assert msg.error_code == ErrorCode.ENGINE_UNAVAILABLE, (name, msg.error_message)
             assert msg.error_message.startswith("node shutting down"), msg.error_message
