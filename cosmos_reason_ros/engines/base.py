@@ -99,8 +99,8 @@ class Engine(abc.ABC):
     def health(self) -> EngineHealth:
         """Return the current state; never raises.
 
-        Called from any thread (a goal's admission, the diagnostics timer) while the engine
-        runs on its loop: it reads state only, never waits.
+        Called on the engine's loop (diagnostics) and from a goal's thread (admission) while
+        the engine runs: it reads state only, never waits.
         """
 
     @abc.abstractmethod
