@@ -16,6 +16,8 @@ from pathlib import Path
 import numpy as np
 from doc_blocks import doc_blocks
 
+from cosmos_reason_ros.ros import process_life
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -260,17 +262,18 @@ class ProcessTree:
     def _watch(self) -> None:
         # One pass over /proc per period (the parent of every process), then the tree walked
         # down from the root and from every process seen (one whose parent ended included).
-        # Read here, not through psutil: its per-process objects cost 3x as much a pass, in
-        # the test's own process, beside its DDS callbacks.
+        # Not through psutil: its per-process objects cost 3x as much a pass, in the test's
+        # own process, beside its DDS callbacks.
         while not self._stop.is_set():
-            processes = _parent_pids()
+            started_at: dict[int, int] = {}
             children: dict[int, list[int]] = {}
-            for pid, (parent, _started) in processes.items():
-                children.setdefault(parent, []).append(pid)
+            for entry in process_life.processes():
+                started_at[entry.pid] = entry.started
+                children.setdefault(entry.parent, []).append(entry.pid)
             with self._cond:
                 # a pid seen before is walked only while it is the same process (not reused)
                 below = [self._root.pid] + [pid for pid, started in self._started.items()
-                                            if processes.get(pid, (0, None))[1] == started]
+                                            if started_at.get(pid) == started]
                 while below:
                     parent = below.pop()
                     for pid in children.get(parent, ()):
@@ -281,7 +284,7 @@ class ProcessTree:
                         except self._psutil.Error:  # ended already
                             continue
                         self._parents[pid], self._seen[pid] = parent, process
-                        self._started[pid] = processes[pid][1]
+                        self._started[pid] = started_at[pid]
                         self._titles[pid] = _describe(process)
                         below.append(pid)
                 self._cond.notify_all()
@@ -351,20 +354,6 @@ class ProcessTree:
                 p.kill()
             except self._psutil.Error:
                 pass
-
-
-def _parent_pids() -> dict[int, tuple[int, int]]:
-    """Each process's parent pid and start time, from /proc/<pid>/stat (after the name)."""
-    parents = {}
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                with open(f"/proc/{entry.name}/stat", "rb") as stat:
-                    fields = stat.read().rsplit(b")", 1)[1].split()
-            except OSError:  # ended meanwhile
-                continue
-            parents[int(entry.name)] = (int(fields[1]), int(fields[19]))
-    return parents
 
 
 def _describe(process, fallback: str = "") -> str:

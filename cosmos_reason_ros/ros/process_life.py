@@ -45,6 +45,7 @@ from collections.abc import Iterable
 from multiprocessing import resource_tracker
 from pathlib import Path
 from types import FrameType
+from typing import NamedTuple
 
 PARENT_ENV = "COSMOS_REASON_PARENT_PID"  # the pid a process spawned from here must die with
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
@@ -219,26 +220,33 @@ def _watch_parent(parent: int) -> None:
 # --- the node: end what is left below it ------------------------------------------------------
 
 
-def _processes() -> Iterable[tuple[int, bool, int]]:
-    """Yield (pid, ended, parent pid) of every process (Linux /proc).
+class ProcessEntry(NamedTuple):
+    """One process as /proc/<pid>/stat gives it."""
 
-    ``ended``: a zombie, which has ended and waits for its parent to reap it.
-    """
+    pid: int
+    ended: bool  # a zombie: it has ended and waits for its parent to reap it
+    parent: int
+    started: int  # start time in clock ticks after boot: tells a reused pid apart
+
+
+def processes() -> Iterable[ProcessEntry]:
+    """Yield every process (Linux /proc), one read of its stat file each."""
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             text = stat.read_text()
         except OSError:  # ended meanwhile
             continue
-        # "pid (comm) state ppid ...": comm may hold spaces and parentheses.
+        # "pid (comm) state ppid ... starttime ...": comm may hold spaces and parentheses.
         fields = text[text.rindex(")") + 2:].split()
-        yield int(text.split(" ", 1)[0]), fields[0] == "Z", int(fields[1])
+        yield ProcessEntry(int(text.split(" ", 1)[0]), fields[0] == "Z", int(fields[1]),
+                           int(fields[19]))
 
 
 def descendants(pid: int | None = None) -> list[int]:
     """Live processes below ``pid`` (default: this process), parents first (Linux /proc)."""
     root = os.getpid() if pid is None else pid
     children: dict[int, list[int]] = {}
-    for child, ended, parent in _processes():
+    for child, ended, parent, _started in processes():
         if not ended:
             children.setdefault(parent, []).append(child)
     found: list[int] = []
@@ -351,7 +359,7 @@ def _reap_ended(pids: list[int], timeout_s: float = 5.0) -> None:
 def _ended_children() -> list[int]:
     """Return the children of this process that have ended and wait to be reaped."""
     me = os.getpid()
-    return [pid for pid, ended, parent in _processes() if ended and parent == me]
+    return [p.pid for p in processes() if p.ended and p.parent == me]
 
 
 def _reap(killed: Iterable[int], timeout_s: float = 5.0) -> None:
