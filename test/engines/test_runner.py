@@ -293,6 +293,27 @@ def test_health_reports_state_and_running_requests(runner, fake):
     assert runner.health().state is EngineState.CLOSED
 
 
+def test_admission_reads_health_without_waiting_for_a_busy_loop(runner, fake):
+    # The loop is held inside a callback (as by a long step of output processing): health()
+    # cannot be taken on it and says so with the last state it knew; health_now() reads the
+    # engine's state as it is now.
+    entered, held = threading.Event(), threading.Event()
+
+    def hold_the_loop() -> None:
+        entered.set()
+        held.wait(WAIT_S)
+
+    runner._loop.call_soon_threadsafe(hold_the_loop)
+    try:
+        assert entered.wait(WAIT_S)
+        fake.started = False  # the engine's state changes while the loop is held
+        assert runner.health_now().state is EngineState.STOPPED
+        busy = runner.health(timeout_s=0.2)
+        assert busy.state is EngineState.READY and "engine loop busy" in busy.detail
+    finally:
+        held.set()
+
+
 def test_close_ends_running_requests_and_is_idempotent(fake):
     runner = EngineRunner(fake)
     runner.start(timeout_s=WAIT_S)
