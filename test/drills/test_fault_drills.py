@@ -52,6 +52,7 @@ MAX_RUNNING, MAX_QUEUED = 50, 32
 # 50 of them generating for minutes, and the starved machine failed the other distros' tests
 # running beside it.
 CANCEL_BURST, CANCEL_TOKENS = 50, 7000
+NOT_DELIVERED_BOUND = 2  # of the 50: one was seen under two busy loops (4 % is the bound)
 GOALS_TO_SEE_UNDER_WAY = 5  # long goals sent until one is seen generating before it ends
 CANCEL_TARGET_S, CANCEL_NODE_IDLE_S, CANCEL_IDLE_S = 2.0, 10.0, 30.0
 LATE_RESULT_GOALS, LATE_RESULT_TOKENS = 5, 2000
@@ -446,12 +447,21 @@ def _cancel_all_at_once(io: IO, node: NodeProcess, watches: list[Watch], handles
     # (RELIABILITY.md, "Late results: DDS repair"), so the first goal can run its whole
     # answer before the client has seen the last one start. Every other goal must end
     # CANCELLED, and nearly all of them must be in the burst.
-    ended_first = [r for r in results if r.status != "canceled" and _ended_before_cancel(node, r)]
+    # A goal whose acceptance never reached the client (goal response and status lost under
+    # load) ends "not delivered" there, the client's own report, never a silent wait: it is
+    # counted against its bound (the fresh-client drill's), not taken for a lost cancel.
+    ended_first = [r for r in results if r.status not in ("canceled", "not_delivered")
+                   and _ended_before_cancel(node, r)]
     cancelled = [r for r in results if r.status == "canceled"]
+    not_delivered = [r for r in results if r.status == "not_delivered"]
     print(f"\n{len(cancelled)} of {CANCEL_BURST} generating goals ended canceled {took:.2f} s "
-          f"after the cancel; {len(ended_first)} had ended before their cancel reached the node")
+          f"after the cancel; {len(ended_first)} had ended before their cancel reached the "
+          f"node; {len(not_delivered)} not delivered: "
+          f"{[r.error_message for r in not_delivered]}")
+    record("mass cancel: goals not delivered", len(not_delivered), "goals", 0,
+           NOT_DELIVERED_BOUND)
     assert all(r.error_code is ErrorCode.CANCELLED for r in cancelled)
-    assert len(cancelled) + len(ended_first) == CANCEL_BURST, [
+    assert len(cancelled) + len(ended_first) + len(not_delivered) == CANCEL_BURST, [
         (r.status, r.message.finish_reason, r.message.output_tokens, r.message.answer[:60])
         for r in results if r.status != "canceled"]
     assert len(cancelled) >= CANCEL_BURST * 9 // 10
