@@ -376,15 +376,18 @@ def plot(samples: list[dict[str, Any]], summary: dict[str, Any], path: Path) -> 
 
 def final_periodic_count(client: Any, lock: threading.Lock, diag_seen: threading.Condition,
                          last_diag: dict[str, str], counts: dict[str, int], drain_s: float
-                         ) -> tuple[int, bool]:
-    """Stop periodic runs, then return (the node's final periodic count, whether exact).
+                         ) -> tuple[int, bool, int]:
+    """Stop periodic runs, then return (the node's final periodic count, whether exact, the
+    periodic results received by then).
 
     The node starts no periodic run while a goal is running or queued, counts a run only after
     publishing its result, and clears ``periodic_busy`` only after counting. So a status that
     shows a goal in the node and ``periodic_busy`` 0 holds the final count: every run so far
     is counted and on ~/results, and no other can start. The goal that holds the node waits
     for a next frame that never comes (the camera has stopped) and is cancelled after. Then
-    we wait for our subscription to have every counted result (bounded by ``drain_s``).
+    we wait for our subscription to have every counted result (bounded by ``drain_s``). The
+    results are taken at that moment too: once the holding goal is cancelled, periodic runs
+    start again, and a result of one of those has no place in the count read before.
     """
     from cosmos_reason_interfaces.action import Reason
 
@@ -402,12 +405,13 @@ def final_periodic_count(client: Any, lock: threading.Lock, diag_seen: threading
         if exact:
             diag_seen.wait_for(lambda: counts["periodic_results"] >= counted,
                                timeout=max(0.0, deadline - time.monotonic()))
+        results = counts["periodic_results"]
     hold.cancel()
     try:
         hold.result(timeout_s=10.0)
     except Exception:  # noqa: BLE001, S110 - the hold goal's own outcome does not matter
         pass
-    return counted, exact
+    return counted, exact, results
 
 
 def run(args: argparse.Namespace) -> int:
@@ -600,10 +604,12 @@ def run(args: argparse.Namespace) -> int:
             if counts["goal_results"] + counts["goals_not_sent"] >= counts["goals_sent"]:
                 break
         time.sleep(0.1)
-    counted, exact = final_periodic_count(client, lock, diag_seen, last_diag, counts,
-                                          args.drain_s) if args.periodic_s > 0 else (0, True)
+    counted, exact, results = final_periodic_count(
+        client, lock, diag_seen, last_diag, counts, args.drain_s) \
+        if args.periodic_s > 0 else (0, True, 0)
     with lock:
         final = dict(counts)
+    final["periodic_results"] = results
     if probe is not None:
         probe.close()  # the camera has stopped: its last line holds the final counts
         final.update(probe.counts())
