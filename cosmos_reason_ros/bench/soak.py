@@ -377,8 +377,9 @@ def plot(samples: list[dict[str, Any]], summary: dict[str, Any], path: Path) -> 
 def final_periodic_count(client: Any, lock: threading.Lock, diag_seen: threading.Condition,
                          last_diag: dict[str, str], counts: dict[str, int], drain_s: float
                          ) -> tuple[int, bool, int]:
-    """Stop periodic runs, then return (the node's final periodic count, whether exact, the
-    periodic results received by then).
+    """Stop periodic runs; return the node's final periodic count, exact or not, and results.
+
+    The results are the periodic results received when the count was read.
 
     The node starts no periodic run while a goal is running or queued, counts a run only after
     publishing its result, and clears ``periodic_busy`` only after counting. So a status that
