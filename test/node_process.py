@@ -363,6 +363,22 @@ def _describe(process, fallback: str = "") -> str:
         return fallback or str(process.pid)
 
 
+def signal_state(pid: int) -> str:
+    """A process's signal and wait state, for a failure message about one that did not end:
+    whether a stop signal is pending (delivered, not yet handled), blocked or caught, and
+    where each thread waits in the kernel. Its parent's pipe may be gone with its log."""
+    proc = Path(f"/proc/{pid}")
+    try:
+        fields = dict(line.split(":\t", 1) for line in
+                      (proc / "status").read_text().splitlines() if ":\t" in line)
+        waits = sorted({(t / "wchan").read_text() or "running" for t in (proc / "task").iterdir()})
+    except OSError as e:
+        return f"{pid}: {e}"
+    keys = ("State", "PPid", "Threads", "SigPnd", "ShdPnd", "SigBlk", "SigIgn", "SigCgt")
+    return f"{pid}: " + " ".join(f"{k}={fields.get(k, '?').strip()}" for k in keys) + \
+        f" waits={waits}"
+
+
 def is_spawned(process) -> bool:
     """True for a multiprocessing 'spawn' child (vLLM's engine core and workers).
 

@@ -39,6 +39,7 @@ from node_process import (  # noqa: E402
     ProcessTree,
     ros2,
     ros_arguments,
+    signal_state,
 )
 from spun_node import SpunNode  # noqa: E402
 
@@ -295,7 +296,8 @@ def launcher_ended_leaves_no_process(node: NodeProcess, tree: ProcessTree, signu
     survivors = tree.survivors_after(GONE_S)
     assert not survivors, (
         f"still alive after {signal.Signals(signum).name} of ros2 launch ({moment}): "
-        f"{[(p.pid, p.name()) for p in survivors]}; seen: {tree.names()}\n{node.output[-3000:]}")
+        f"{[(p.pid, p.name()) for p in survivors]}; seen: {tree.names()}; "
+        f"{[signal_state(p.pid) for p in survivors]}\n{node.output[-3000:]}")
 
 
 @pytest.mark.slow

@@ -102,16 +102,20 @@ class Rig:
 
     def frame(self, metres: float = 1.0, depth_skew_ns: int = 0, **depth_kwargs) -> int:
         """Publish CameraInfo, a depth frame and a colour frame; wait until all arrived."""
+        node = self.n.node
+        # This frame's own arrival, not an earlier frame's: a goal asked before its depth
+        # frame arrived would be answered on the previous one.
+        depth_before = node.camera.depth_history.stats().received
+        colour_before = node.history.stats().received
         stamp = self.n.side.now_ns()
         self.info.publish(info_msg())
         self.depth.publish(depth_msg(stamp + depth_skew_ns, metres, **depth_kwargs))
         self.n.publish(stamp, width=W, height=H)
-        node = self.n.node
 
         def arrived() -> bool:
-            if node.camera.depth_history.stats().received >= 1 \
+            if node.camera.depth_history.stats().received > depth_before \
                     and node.camera.camera_model() is not None \
-                    and node.history.stats().received >= 1:
+                    and node.history.stats().received > colour_before:
                 return True
             # CameraInfo is best effort (as drivers publish it, with every frame): a sample
             # sent right after discovery can be lost, so it is repeated like a driver does.
