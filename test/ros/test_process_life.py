@@ -61,6 +61,9 @@ LONG_TOKENS, LONG_CONTEXT = 32000, 32768
 # How long the Ctrl-C test waits for each goal's stage in its feedback (well inside the
 # generating goal's minute): a loaded CI run's feedback stalled for minutes.
 SETTLE_S = 20.0
+# A CI run (idle machine, three legs) lost the scenario twice: once the queued goal's request
+# went unanswered, once the client saw no feedback for a minute while its goals ran.
+CTRL_C_ATTEMPTS = 3
 GRACE_S = 5.0  # no descendant may be alive this long after the node ended
 EXIT_BOUND_S = 15.0  # signal to exit, on a loaded 2-core machine (measured: RELIABILITY.md)
 
@@ -352,12 +355,13 @@ def test_ctrl_c_while_serving_ends_every_goal_with_its_result(tiny_qwen3_vl):
     # The generating goal must outlast the set-up of the queued one (LONG_TOKENS). The node's
     # own account of the moment of the signal decides whether the scenario held; if not
     # (a starved machine), it runs again.
-    for attempt in range(1, 3):
+    for attempt in range(1, CTRL_C_ATTEMPTS + 1):
         if _ctrl_c_while_serving(tiny_qwen3_vl):
             return
         print(f"\nattempt {attempt}: the scenario did not hold at the signal")
-    pytest.fail("twice the scenario did not hold at the signal (a starved machine): the "
-                "generating goal had ended, or a goal was not yet known accepted by the client")
+    pytest.fail(f"{CTRL_C_ATTEMPTS} times the scenario did not hold at the signal (a starved "
+                "machine): the generating goal had ended, or a goal was not yet known accepted "
+                "by the client")
 
 
 def _ctrl_c_while_serving(model) -> bool:
