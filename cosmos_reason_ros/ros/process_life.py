@@ -246,9 +246,9 @@ def descendants(pid: int | None = None) -> list[int]:
     """Live processes below ``pid`` (default: this process), parents first (Linux /proc)."""
     root = os.getpid() if pid is None else pid
     children: dict[int, list[int]] = {}
-    for child, ended, parent, _started in processes():
-        if not ended:
-            children.setdefault(parent, []).append(child)
+    for p in processes():
+        if not p.ended:
+            children.setdefault(p.parent, []).append(p.pid)
     found: list[int] = []
     todo = [root]
     while todo:

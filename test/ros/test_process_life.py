@@ -396,9 +396,9 @@ def _ctrl_c_while_serving(model) -> bool:
         # What is proven is that a stop ends every goal the client knows accepted with its
         # result. A goal the client has not yet seen accepted (its response and status not
         # through to a fresh participant on a loaded machine) is not that case: run again.
-        unconfirmed = {name: h.delivery() and h.delivery().summary()
-                       for name, h in handles.items()
-                       if h.future.done() or not (h.delivery() and h.delivery().accepted)}
+        deliveries = {name: h.delivery() for name, h in handles.items()}
+        unconfirmed = {name: d and d.summary() for name, d in deliveries.items()
+                       if handles[name].future.done() or not (d and d.accepted)}
         if unconfirmed:
             print(f"\nnot under way at the client before the signal: {unconfirmed}")
             return False
