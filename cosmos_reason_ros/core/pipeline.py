@@ -52,6 +52,7 @@ from cosmos_reason_ros.core.types import (
     ChatRequest,
     CosmosReasonError,
     DeadlineExceededError,
+    EngineError,
     EngineUnavailableError,
     FinishReason,
     ImageGeometry,
@@ -797,10 +798,18 @@ class GoalPipeline(Generic[P]):
                         on_progress("".join(pending), output.output_tokens)
                         pending.clear()
                         last_progress = now
+                if chunk.finish_reason is FinishReason.CANCELLED and stopped is None:
+                    # Nobody here asked: the engine or server ended the request itself (a
+                    # server shutting down, a router dropping it). The answer is cut short,
+                    # so the goal must not succeed with it.
+                    stopped = EngineError(f"the engine cancelled the request unasked after "
+                                          f"{output.output_tokens} tokens")
                 if chunk.finish_reason is not None:
                     break
         except CosmosReasonError as e:
-            stopped = e  # an engine failure mid-stream: keep what was generated
+            # An engine failure mid-stream: keep what was generated. A goal already stopped
+            # keeps that first reason (its engine may fail as the node closes it under it).
+            stopped = stopped or e
         finally:
             with self._generating_lock:
                 self._generating -= streams

@@ -431,10 +431,10 @@ class VllmLocalEngine(Engine):
                     finish: FinishReason | None = None
                     if out.finished:
                         finished = True
-                        finish = _finish_reason(
-                            completion.finish_reason if completion is not None else None,
-                            request.request_id,
-                        )
+                        reason = completion.finish_reason if completion is not None else None
+                        if reason == "abort":
+                            raise self._unasked_abort(request.request_id, output_tokens)
+                        finish = _finish_reason(reason, request.request_id)
                     elif output_tokens > token_limit:
                         # vLLM enforces max_tokens itself; this checks that it holds (the
                         # same bound as the HTTP engine's). The finally block aborts it.
@@ -475,6 +475,27 @@ class VllmLocalEngine(Engine):
             if not finished and self._engine is not None:
                 await self.abort(request.request_id)
             self._running.discard(request.request_id)
+
+    def _unasked_abort(self, rid: str, output_tokens: int) -> CosmosReasonError:
+        """Return the error for a request vLLM aborted without this stream asking.
+
+        This stream's own cancel closes vLLM's generator, which then yields nothing more, so an
+        "abort" output that reaches it came from elsewhere: ``close()``, or vLLM ending its
+        requests as its core dies. Mapped to a normal finish, a goal cut short that way once
+        ended SUCCEEDED with a truncated answer.
+        """
+        after = f"after {output_tokens} tokens"
+        engine = self._engine
+        if self._state is EngineState.CLOSED or engine is None:
+            return EngineUnavailableError(f"vllm engine closed while serving {rid!r} ({after})")
+        try:
+            dead = bool(engine.errored)
+        except Exception:  # noqa: BLE001 - a failing check says the engine is not healthy
+            dead = True
+        if dead:
+            self._state, self._detail = EngineState.UNAVAILABLE, "vllm engine core is dead"
+            return EngineUnavailableError(f"vllm engine core died serving {rid!r} ({after})")
+        return EngineError(f"vllm aborted request {rid!r} on its own ({after})")
 
     def _map_error(self, exc: BaseException, request: ChatRequest) -> CosmosReasonError:
         v = self._vllm
@@ -765,8 +786,6 @@ def _finish_reason(reason: str | None, rid: str) -> FinishReason:
         return FinishReason.STOP
     if reason == "length":
         return FinishReason.LENGTH
-    if reason == "abort":
-        return FinishReason.CANCELLED
     # "error" (and anything newer): vLLM failed the request internally.
     raise EngineError(f"vllm finished request {rid!r} with finish_reason={reason!r}")
 

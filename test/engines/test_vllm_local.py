@@ -218,6 +218,23 @@ def test_cancel_mid_stream_leaves_no_request_running(qwen3):
     assert final.finish_reason is FinishReason.LENGTH
 
 
+@pytest.mark.engine
+def test_an_abort_the_stream_did_not_ask_for_fails_the_request(qwen3):
+    # vLLM ends a request it aborts on its own (as its core dies, or at a shutdown) with an
+    # "abort" output; mapped to a normal finish, the goal would succeed on a truncated answer.
+    handle = qwen3.submit(image_request("aborted-elsewhere", image(3), max_tokens=1500))
+    first = handle.next_chunk(timeout_s=WAIT_S)
+    assert first is not None and first.finish_reason is None
+    engine = qwen3.engine
+    assert isinstance(engine, VllmLocalEngine)
+    asyncio.run_coroutine_threadsafe(
+        engine._engine.abort("aborted-elsewhere"), qwen3._loop).result(WAIT_S)
+    with pytest.raises(EngineError, match="aborted request 'aborted-elsewhere' on its own"):
+        list(handle.iter_chunks(timeout_s=WAIT_S))
+    assert unfinished_in_vllm(qwen3) == 0 and qwen3.running_requests == 0
+    assert qwen3.health().state is EngineState.READY  # a lone abort leaves the engine serving
+
+
 def generated_tokens(model_name: str = "tiny") -> float:
     """Tokens vLLM has generated so far, from its Prometheus metrics."""
     from prometheus_client import REGISTRY

@@ -116,6 +116,24 @@ def test_engine_core_dying_mid_generation_fails_that_goal_and_refuses_the_next(g
                "diagnostics reporting the dead engine")
 
 
+def test_a_request_the_engine_cancels_unasked_fails_its_goal_with_what_was_generated():
+    # A server shutting down or a router dropping the request ends its stream "cancelled"
+    # although nobody cancelled the goal: its answer is cut short, never a success.
+    engine = FakeEngine(lambda r: Script(deltas=["word "], finish=FinishReason.CANCELLED))
+    n = InProcessNode(engine=engine)
+    try:
+        n.publish()
+        n.wait_frames(1)
+        status, result = n.ask(prompt="Long.")
+        assert status == GoalStatus.STATUS_ABORTED
+        assert result.error_code == ErrorCode.ENGINE_ERROR
+        assert "engine cancelled the request unasked after 1 tokens" in result.error_message
+        assert result.raw_text == "word " and result.finish_reason == "error"
+        assert not n.engine.aborted  # nothing was asked of the engine
+    finally:
+        n.close()
+
+
 def test_engine_error_mid_generation_fails_that_goal_and_the_next_goal_succeeds(gated):
     n, gates = gated(gates=2)
     handle = n.send(prompt="Long.")
