@@ -11,8 +11,9 @@ when it
   an idle machine and fails on a loaded one. ``asyncio.sleep(0)`` yields to the event loop
   without waiting for time, so it is allowed;
 * asserts that a duration (a name like ``took``, ``elapsed``, ``duration``, ``late``,
-  ``latency``, ``seconds``, ``*_s``, or a clock read such as ``time.monotonic()``) is below
-  a number (a literal or a module-level numeric constant).
+  ``latency``, ``seconds``, ``*_s``) is below a number (a literal or a module-level numeric
+  constant), or that time elapsed since a clock read (``time.monotonic() - t0``) is below
+  anything.
 
 And every test module, the drills' and the benchmarks' too, fails it when it imports vLLM,
 torch or transformers at module level (an import statement or ``pytest.importorskip``):
@@ -90,6 +91,13 @@ def _is_number(node: ast.AST, constants: frozenset[str] | set[str] = frozenset()
             and not isinstance(node.value, bool))
 
 
+def _reads_clock(node: ast.AST) -> bool:
+    """Whether ``node`` reads the clock (``time.monotonic()`` and the like)."""
+    return any(isinstance(sub, ast.Call) and isinstance(sub.func, ast.Attribute)
+               and sub.func.attr in CLOCKS and isinstance(sub.func.value, ast.Name)
+               and sub.func.value.id == "time" for sub in ast.walk(node))
+
+
 def _is_duration(node: ast.AST) -> bool:
     """Whether ``node`` reads as a duration: a duration-like name or a clock read in it."""
     for sub in ast.walk(node):
@@ -97,11 +105,7 @@ def _is_duration(node: ast.AST) -> bool:
             return True
         if isinstance(sub, ast.Attribute) and DURATION_NAME.search(sub.attr):
             return True
-        if isinstance(sub, ast.Call) and isinstance(sub.func, ast.Attribute) \
-                and sub.func.attr in CLOCKS and isinstance(sub.func.value, ast.Name) \
-                and sub.func.value.id == "time":
-            return True
-    return False
+    return _reads_clock(node)
 
 
 def _is_sleep(call: ast.Call) -> bool:
@@ -138,7 +142,11 @@ def check_source(path: Path, source: str) -> list[Finding]:
                         left, right = right, left
                     elif not isinstance(op, (ast.Lt, ast.LtE)):
                         continue
-                    if _is_duration(left) and _is_number(right, constants):
+                    # Time elapsed since a clock read, held under any bound
+                    # (``max(10.0, 0.5 * left)`` too), is a speed claim whatever the bound is
+                    # made of; a bare clock read under a deadline is a wait's "never" bound.
+                    elapsed = not isinstance(left, ast.Call) and _reads_clock(left)
+                    if elapsed or (_is_duration(left) and _is_number(right, constants)):
                         findings.append(Finding(
                             path, node.lineno, f"duration bound '{ast.unparse(compare)}': "
                             "assert the outcome here, the time in test/drills/"))

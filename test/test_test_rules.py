@@ -77,6 +77,7 @@ def test_a_pacing_sleep_or_a_yield_is_allowed(line):
     "assert 1.0 <= elapsed < 5.0",
     "assert 2.0 > result.total_s",
     "assert statistics.median(latency) < BOUND_S",
+    "assert time.monotonic() - t_cancel < max(10.0, 0.5 * remaining)",
 ])
 def test_a_duration_below_a_number_is_flagged(assertion):
     assert flagged(f"BOUND_S = 1.5\n\ndef test_t():\n    {assertion}\n") == ["duration bound"]
@@ -87,6 +88,7 @@ def test_a_duration_below_a_number_is_flagged(assertion):
     "assert elapsed < deadline",  # against another measurement, not a number
     "assert count < 5",
     "assert status.level <= 1",
+    "assert time.monotonic() < deadline, 'never happened'",  # a wait's bound for "never"
 ])
 def test_other_comparisons_are_not(assertion):
     assert flagged(f"def test_t():\n    {assertion}\n") == []
