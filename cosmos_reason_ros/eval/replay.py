@@ -328,7 +328,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--goal-timeout", type=float, default=300.0,
                     help="seconds to wait for one result")
     ap.add_argument("--connect-timeout", type=float, default=30.0,
-                    help="seconds to wait for the node's action server and camera topic")
+                    help="seconds to wait for the node's action server (at the start and "
+                    "for each goal) and camera topic")
     ap.add_argument("--depth-inputs-timeout", type=float, default=10.0,
                     help="node mode, depth on: seconds to wait for the node to subscribe to "
                     "the bag's depth and CameraInfo topics, and to receive them before the "

@@ -379,9 +379,12 @@ class _NodePlayer:
             if fb.stage == "waiting_for_image":
                 stage.set()
 
+        # A server seen at start-up can drop out of discovery for a while on a loaded machine:
+        # each goal waits for it as long as the start did (--connect-timeout).
+        handle = self.client.submit(goal, on_feedback, server_timeout_s=self.cfg.connect_timeout_s)
         # A 'next' goal needs frames published after its acceptance before anyone waits on
         # it; a few, in case a best-effort camera subscription drops one.
-        pending = _Pending(item, self.client.submit(goal, on_feedback), stage,
+        pending = _Pending(item, handle, stage,
                            frames_needed=NEXT_FRAMES if g.source == "next" else 0)
         self.pending.append(pending)
         if g.source == "next":

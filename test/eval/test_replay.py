@@ -13,6 +13,7 @@ import pytest
 rclpy = pytest.importorskip("rclpy", reason="needs the ROS 2 wheels (make setup)")
 from node_process import NodeProcess  # noqa: E402
 from rclpy.serialization import deserialize_message  # noqa: E402
+from waiting import DISCOVERY_S  # noqa: E402
 
 from cosmos_reason_interfaces.msg import ReasoningResult  # noqa: E402
 from cosmos_reason_ros.eval import bagio, demo_recording, replay  # noqa: E402
@@ -81,7 +82,8 @@ def node(tiny_qwen3_vl):
 
 
 def run_main(*args):
-    return replay.main([str(a) for a in args] + ["--no-progress"])
+    return replay.main([str(a) for a in args]
+                       + ["--no-progress", "--connect-timeout", str(DISCOVERY_S)])
 
 
 def read_jsonl(out):

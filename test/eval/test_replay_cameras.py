@@ -140,6 +140,7 @@ def test_camera_mappings_that_do_not_fit_the_bag_or_the_queries_exit_2(bag, tmp_
 def test_through_the_node_goals_name_the_cameras_the_bag_topics_feed(bag, tmp_path):
     pytest.importorskip("rclpy", reason="needs the ROS 2 wheels (make setup)")
     from inprocess_node import InProcessNode
+    from waiting import DISCOVERY_S
 
     path, scenario = bag
     n = InProcessNode({"use_sim_time": True, "model.family": "cosmos_reason2",
@@ -151,6 +152,7 @@ def test_through_the_node_goals_name_the_cameras_the_bag_topics_feed(bag, tmp_pa
         # The node's cameras take the bag's topics (as `-r front/image:=/camera/image_raw`).
         code = replay.main([str(path), "--scenario", str(scenario), "--out",
                             str(tmp_path / "out"), "--rate", "max", "--no-progress",
+                            "--connect-timeout", str(DISCOVERY_S),
                             "--remap", f"{CAMERAS['front']}:=/front/image",
                             "--remap", f"{CAMERAS['wrist']}:=/wrist/image/compressed"])
     finally:

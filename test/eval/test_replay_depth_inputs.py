@@ -18,6 +18,7 @@ pytest.importorskip("rosbags", reason="needs rosbags (make setup)")
 pytest.importorskip("rclpy", reason="needs the ROS 2 wheels (make setup)")
 from fake_engine import Script  # noqa: E402
 from inprocess_node import InProcessNode  # noqa: E402
+from waiting import DISCOVERY_S  # noqa: E402
 
 from cosmos_reason_interfaces.msg import ReasoningResult  # noqa: E402
 from cosmos_reason_ros.eval import demo_recording, replay  # noqa: E402
@@ -50,7 +51,8 @@ def replay_through_node(bag, out, remaps, *extra):
                        "depth.enabled": True, "image.max_age_s": 0.0},
                       script=lambda _request: Script(deltas=[ANSWER]))
     try:
-        args = [str(path), "--scenario", str(scenario), "--out", str(out), "--no-progress"]
+        args = [str(path), "--scenario", str(scenario), "--out", str(out), "--no-progress",
+                "--connect-timeout", str(DISCOVERY_S)]
         for source, target in remaps.items():
             args += ["--remap", f"{source}:={target}"]
         code = replay.main(args + list(extra))

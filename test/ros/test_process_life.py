@@ -423,6 +423,9 @@ def _ctrl_c_while_serving(model) -> bool:
         if "SIGINT received: stopping (goals_running=2 goals_queued=1)" not in node.output:
             print("\n" + next((line for line in node.output.splitlines()
                                if "SIGINT received" in line), "no SIGINT line in the output"))
+            for name, handle in handles.items():  # what the client had seen of each goal
+                delivery = handle.delivery()
+                print(f"{name}: {delivery.summary() if delivery else 'no delivery record'}")
             return False
         # A result that never came is the defect this test exists for: say which, and what
         # the node did at the stop (its exit code and its last lines).
