@@ -32,7 +32,9 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
     """Armed for the test's setup, call and teardown: what pytest-timeout bounds."""
-    timeout_s = float(item.config.getoption("timeout", None) or 0)
+    marker = item.get_closest_marker("timeout")  # a test's own bound, as pytest-timeout reads it
+    own = marker.args[0] if marker and marker.args else None
+    timeout_s = float(own if own is not None else item.config.getoption("timeout", None) or 0)
     if timeout_s > 0:
         faulthandler.dump_traceback_later(timeout_s + HUNG_MARGIN_S, exit=True, file=_report[0])
     try:
