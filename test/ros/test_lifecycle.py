@@ -452,8 +452,8 @@ def served(tmp_path: Path, engine: str, name: str) -> tuple[subprocess.Popen, Pr
 
 
 # Seven typed transitions and four typed parameter calls, each bounded on its own for lost
-# replies and a slow start of the command line (lifecycle_manager, node_process.ros2): a loaded
-# CI run (Jazzy, two busy loops beside) ran past the suite's 600 s on the way, still walking.
+# replies and a slow start of the command line (lifecycle_manager, node_process.ros2), add up to
+# more than the suite's 600 s: a loaded CI run (Jazzy, two busy loops beside) ran past it.
 WALK_TIMEOUT_S = 1500
 
 
