@@ -48,6 +48,7 @@ from cosmos_reason_ros.core.types import (
 from cosmos_reason_ros.engines.base import Engine, EngineHealth, EngineState, output_token_limit
 
 _LOG = logging.getLogger(__name__)
+CORE_DEAD = "vllm engine core is dead"  # the detail of every path that finds it dead
 
 _ROLES = ("system", "user", "assistant")
 _PART_KINDS = ("text", "image", "video")
@@ -348,7 +349,7 @@ class VllmLocalEngine(Engine):
         if state is EngineState.READY and engine is not None:
             try:
                 if engine.errored:
-                    state, detail = EngineState.UNAVAILABLE, "vllm engine core is dead"
+                    state, detail = EngineState.UNAVAILABLE, CORE_DEAD
             except Exception as exc:  # noqa: BLE001 - health must never raise
                 state, detail = EngineState.UNAVAILABLE, f"health check failed: {exc}"
         running = len(self._running)
@@ -476,6 +477,9 @@ class VllmLocalEngine(Engine):
                 await self.abort(request.request_id)
             self._running.discard(request.request_id)
 
+    def _mark_core_dead(self) -> None:
+        self._state, self._detail = EngineState.UNAVAILABLE, CORE_DEAD
+
     def _unasked_abort(self, rid: str, output_tokens: int) -> CosmosReasonError:
         """Return the error for a request vLLM aborted without this stream asking.
 
@@ -493,7 +497,7 @@ class VllmLocalEngine(Engine):
         except Exception:  # noqa: BLE001 - a failing check says the engine is not healthy
             dead = True
         if dead:
-            self._state, self._detail = EngineState.UNAVAILABLE, "vllm engine core is dead"
+            self._mark_core_dead()
             return EngineUnavailableError(f"vllm engine core died serving {rid!r} ({after})")
         return EngineError(f"vllm aborted request {rid!r} on its own ({after})")
 
@@ -505,7 +509,7 @@ class VllmLocalEngine(Engine):
             cause = exc.__cause__ or exc  # vLLM wraps unexpected errors; report the root
         message = f"{type(cause).__name__}: {cause}"
         if v.EngineDeadError is not None and isinstance(cause, v.EngineDeadError):
-            self._state, self._detail = EngineState.UNAVAILABLE, "vllm engine core is dead"
+            self._mark_core_dead()
             return EngineUnavailableError(f"vllm engine core died serving {rid!r}: {message}")
         too_long = _prompt_too_long(str(cause))
         if too_long is not None:
