@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 from doc_blocks import doc_blocks
+from waiting import FREEZE_S
 
 from cosmos_reason_ros.ros import process_life
 
@@ -48,7 +49,7 @@ ENDLESS_TOKENS = 3000
 ENDLESS_LIMITS = {"limits.max_tokens": ENDLESS_TOKENS}
 
 
-CLI_S = 120.0  # bound for one ros2 command (its start and discovery on 2 cores)
+CLI_S = 120.0 + FREEZE_S  # bound for one ros2 command (its start and discovery on 2 cores)
 READ_TRY_S = 60.0  # one try of a repeatable ros2 command, asked again within its bound
 
 

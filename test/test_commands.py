@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 from doc_blocks import DOCS
+from node_process import CLI_S
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SHELL_FENCES = {"", "bash", "sh", "shell", "console"}
@@ -157,7 +158,7 @@ def help_text(kind: str, name: str) -> str:
         argv = [sys.executable, "-c", code, "--help"]
     else:
         argv = [sys.executable, "-m", name, "--help"]
-    proc = subprocess.run(argv, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(argv, cwd=REPO_ROOT, capture_output=True, text=True, timeout=CLI_S)
     assert proc.returncode == 0, f"{' '.join(argv[-2:])} failed:\n{proc.stderr[-2000:]}"
     assert "usage:" in proc.stdout, proc.stdout[:500]
     return proc.stdout
@@ -231,6 +232,6 @@ def test_console_script_is_on_path_after_sourcing_the_env_file(name: str) -> Non
     assert found is not None, f"{name} is not on PATH ({lib} should be, from env-{distro}.sh)"
     assert Path(found).resolve().parent == lib.resolve()
     if name != NODE_SCRIPT:  # the installed wrapper reaches the same entry point
-        proc = subprocess.run([found, "--help"], capture_output=True, text=True, timeout=120)
+        proc = subprocess.run([found, "--help"], capture_output=True, text=True, timeout=CLI_S)
         assert proc.returncode == 0 and proc.stdout == help_text("script", name), \
             proc.stderr[-2000:]

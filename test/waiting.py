@@ -15,15 +15,19 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 POLL_S = 0.01  # how often a condition is read: short, so a wait ends soon after it holds
+# This 2-core VM, oversubscribed by CI's three legs (load average 20-30), at times does not
+# schedule a runnable process for tens of seconds: a process waking every 10 ms, pinned to
+# either CPU, went 49 s without running (scripts/stall_meter.py, 2026-12-07), and the kernel
+# reported CPU 0's workqueue stuck for 97 s. Every "never happened" bound below is what the
+# wait needs plus one such freeze.
+FREEZE_S = 100.0
 # Something that should happen at once in the test's own process (a frame reaching the
-# in-process node, a diagnostics message, a result): past this bound it never happened. A
-# starved CI worker beside two other legs once took 22 s for one in-process request and reply,
-# so 10 s was not generous; a wait that holds ends when it holds, whatever the bound.
-NEVER_S = 60.0
+# in-process node, a diagnostics message, a result): a starved CI worker took 22 s for one
+# in-process request and reply.
+NEVER_S = 60.0 + FREEZE_S
 # DDS discovery between two participants (a client finding a service or an action server):
-# asynchronous, and on a loaded machine beside other suites it has taken over 30 s; past this
-# bound it did not happen.
-DISCOVERY_S = 120.0
+# asynchronous, and on a loaded machine beside other suites it has taken over 30 s.
+DISCOVERY_S = 120.0 + FREEZE_S
 
 
 def wait_until(condition: Callable[[], Any], timeout_s: float, what: str,

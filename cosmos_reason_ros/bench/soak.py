@@ -442,7 +442,8 @@ def run(args: argparse.Namespace) -> int:
     diag_seen = threading.Condition(lock)
     counts = {"goals_sent": 0, "goal_results": 0, "goals_ok": 0, "goals_not_sent": 0,
               "periodic_results": 0,
-              "periodic_counted": 0, "frames_published": 0, "node_frames_received": 0,
+              "periodic_counted": 0, "periodic_skipped": 0, "frames_published": 0,
+              "node_frames_received": 0,
               "node_frames_stored": 0}
     last_diag: dict[str, str] = {}
     codes: dict[str, int] = {}
@@ -461,6 +462,8 @@ def run(args: argparse.Namespace) -> int:
                 with lock:
                     counts["periodic_counted"] = int(values["periodic_run"]) + int(
                         values["periodic_failed"])
+                    # Ticks that found a goal running or queued: periodic runs yield to goals.
+                    counts["periodic_skipped"] = int(values.get("periodic_skipped", 0))
                     counts["node_frames_received"] = int(values["frames_received"])
                     counts["node_frames_stored"] = int(values["frames_stored"])
                     last_diag.clear()
@@ -637,6 +640,7 @@ def run(args: argparse.Namespace) -> int:
           f"codes={codes} "
           f"periodic_results={final['periodic_results']} "
           f"periodic_counted={final['periodic_counted']} "
+          f"periodic_skipped={final['periodic_skipped']} "
           f"frames_published={final['frames_published']} "
           f"frames_received={final['node_frames_received']} "
           + (f"frames_probe_received={final['frames_probe_received']} "

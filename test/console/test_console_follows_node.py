@@ -26,7 +26,7 @@ from fake_engine import answers_the_task  # noqa: E402
 from inprocess_node import InProcessNode, image_msg  # noqa: E402
 from rclpy.qos import ReliabilityPolicy  # noqa: E402
 from sensor_msgs.msg import Image  # noqa: E402
-from waiting import wait_until  # noqa: E402
+from waiting import DISCOVERY_S, wait_until  # noqa: E402
 
 from cosmos_reason_ros.qos import keep_last  # noqa: E402
 
@@ -44,7 +44,7 @@ def subscribed_knowing_the_camera(bridge) -> None:
     """
     wait_until(lambda: bridge._reliability_subscribed == "auto", WAIT_S,
                "the console read the node's image.qos_reliability")
-    wait_until(lambda: bridge.node.get_publishers_info_by_topic("/image"), WAIT_S,
+    wait_until(lambda: bridge.node.get_publishers_info_by_topic("/image"), DISCOVERY_S,
                "the console's participant knows the camera")
     bridge._subscribe_cameras(list(bridge.topics))
 
@@ -121,8 +121,9 @@ def test_a_best_effort_camera_replacing_a_reliable_one_still_reaches_the_console
             subscribed_knowing_the_camera(bridge)
             assert bridge.stream_reliabilities()["/image"] == ReliabilityPolicy.RELIABLE
             camera[0] = best_effort_camera()  # appears after the subscription
+            # The console learns of the new publisher by DDS discovery.
             wait_until(lambda: bridge.stream_reliabilities().get("/image")
-                       == ReliabilityPolicy.BEST_EFFORT, WAIT_S,
+                       == ReliabilityPolicy.BEST_EFFORT, DISCOVERY_S,
                        "the console resubscribed best effort")
             ws = await client.ws_connect("/ws")
             await next_json(ws, "hello")

@@ -42,8 +42,11 @@ def test_soak_60_s_without_loss_or_growth(tiny_qwen3_vl, tmp_path):
     assert report["passed"] and report["lost_goals"] == 0 and report["lost_periodic"] == 0
     assert c["goals_sent"] >= 50 and c["goal_results"] == c["goals_sent"]
     assert c["goals_ok"] >= 0.9 * c["goals_sent"], report["codes"]
-    # Every periodic run the node counted reached ~/results, and some ran between goals.
-    assert c["periodic_count_exact"] and c["periodic_counted"] == c["periodic_results"] >= 1
+    # Every periodic run the node counted reached ~/results. Runs yield to goals: some ran
+    # between goals, or (a loaded run, whose goals took the whole second between them) the
+    # node's timer found a goal under way at each tick and counted it.
+    assert c["periodic_count_exact"] and c["periodic_counted"] == c["periodic_results"]
+    assert c["periodic_results"] >= 1 or c["periodic_skipped"] >= 1, c
     assert c["frames_published"] >= 550  # 10 Hz for 60 s
     assert len(report["samples"]) >= 55
     assert (out / "soak.png").stat().st_size > 10_000

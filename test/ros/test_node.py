@@ -25,7 +25,7 @@ from node_process import (  # noqa: E402
 )
 from sensor_msgs.msg import Image  # noqa: E402
 from spun_node import SpunNode  # noqa: E402
-from waiting import wait_until  # noqa: E402
+from waiting import NEVER_S, wait_until  # noqa: E402
 
 from cosmos_reason_interfaces.action import Reason  # noqa: E402
 from cosmos_reason_interfaces.msg import ReasoningResult  # noqa: E402
@@ -45,6 +45,10 @@ def node(tiny_qwen3_vl):
                                     "limits.max_queued_goals": 4,
                                     **ENDLESS_LIMITS,
                                     "image.wait_s": 0.5,
+                                    # Any age: a frame the test has seen reach the node stays
+                                    # the goal's, however long a loaded machine holds the goal
+                                    # (goals that test the age bound set their own).
+                                    "image.max_age_s": 0.0,
                                     # Reliable with a deep queue: the clip test counts frames,
                                     # and a loaded CI machine must not drop any.
                                     "image.qos_reliability": "reliable",
@@ -102,14 +106,20 @@ def io(node):
     def wait_received():
         """Wait until the node has every frame published so far (its diagnostics' count)."""
         with io.results_cond:
-            assert io.results_cond.wait_for(lambda: io.frames_received >= io.published, 60), \
+            assert io.results_cond.wait_for(lambda: io.frames_received >= io.published,
+                                            NEVER_S), \
                 f"the node received {io.frames_received} of {io.published} frames"
 
     def publish_until_received(width=640, height=480):
-        # A few fresh frames, so the next goal on the latest frame sees a recent one.
+        """Publish a few frames and wait until the node has them: its latest is the last one.
+
+        (Without the wait, a loaded run's goal took a frame of the previous test, 640x480,
+        still on its way when the 1280x720 ones were published.)
+        """
         for _ in range(10):
             publish(width, height)
             time.sleep(0.05)  # paces: a 20 Hz camera
+        wait_received()
 
     io.publish = publish
     io.publish_until_received = publish_until_received

@@ -1,0 +1,76 @@
+#!/usr/bin/env python3
+"""How long the machine left a runnable process unscheduled: .ci/run's evidence of freezes.
+
+    python3 scripts/stall_meter.py LOG            # measure until SIGTERM/SIGINT
+    python3 scripts/stall_meter.py --summary LOG  # what LOG holds, in a few lines
+
+One thread per CPU, pinned to it, and one free to move wake every 10 ms and log each wake that
+came more than THRESHOLD_S late (wall clock, CPU, seconds late). A loaded fresh-clone CI run
+on this 2-core VM left such a thread unscheduled for 19-49 s on both CPUs at once: any wait in
+a test, a DDS delivery or a process start in that window takes that much longer, whatever
+the code under test does. Standard library only: it starts before the venvs exist.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+
+PERIOD_S = 0.01
+THRESHOLD_S = 1.0  # smaller delays are ordinary scheduling on a loaded machine
+SHOWN = 10  # the longest freezes listed by --summary
+
+
+def measure(log_path: str) -> None:
+    """Log late wakes to ``log_path`` until SIGTERM or SIGINT."""
+    log = open(log_path, "a", buffering=1)  # noqa: SIM115 - open until the process ends
+    lock = threading.Lock()
+
+    def watch(cpu: int | None) -> None:
+        if cpu is not None:
+            os.sched_setaffinity(0, {cpu})  # 0: this thread
+        name = "any" if cpu is None else str(cpu)
+        while True:
+            t = time.monotonic()
+            time.sleep(PERIOD_S)
+            late = time.monotonic() - t - PERIOD_S
+            if late > THRESHOLD_S:
+                with lock:
+                    log.write(f"{time.strftime('%H:%M:%S')} cpu={name} late_s={late:.2f}\n")
+
+    cpus = sorted(os.sched_getaffinity(0))
+    for cpu in [*cpus, None]:
+        threading.Thread(target=watch, args=(cpu,), daemon=True).start()
+    log.write(f"{time.strftime('%H:%M:%S')} start cpus={len(cpus)}\n")
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    stop.wait()
+
+
+def summary(log_path: str) -> str:
+    """One line: how many late wakes ``log_path`` holds and the longest ones."""
+    try:
+        with open(log_path) as f:
+            lines = [ln.split() for ln in f if "late_s=" in ln]
+    except FileNotFoundError:
+        return "stall meter: no log"
+    events = [(float(f[2].split("=")[1]), f[0], f[1]) for f in lines]
+    if not events:
+        return f"stall meter: no thread was held more than {THRESHOLD_S:g} s"
+    worst = sorted(events, reverse=True)[:SHOWN]
+    return (f"stall meter: {len(events)} wakes more than {THRESHOLD_S:g} s late, "
+            f"{sum(e[0] >= 10 for e in events)} of them 10 s or more; the longest: "
+            + ", ".join(f"{late:.1f} s at {at} ({cpu})" for late, at, cpu in worst))
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--summary":
+        print(summary(sys.argv[2]))
+    elif len(sys.argv) == 2:
+        measure(sys.argv[1])
+    else:
+        sys.exit(__doc__)

@@ -1,0 +1,29 @@
+"""scripts/stall_meter.py's summary: what .ci/run prints of the machine's freezes."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+_spec = importlib.util.spec_from_file_location(
+    "stall_meter", Path(__file__).resolve().parent.parent / "scripts" / "stall_meter.py")
+stall_meter = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(stall_meter)
+
+
+def test_the_summary_lists_the_longest_freezes_first(tmp_path):
+    log = tmp_path / "stalls.log"
+    log.write_text("14:47:42 start cpus=2\n"
+                   "14:49:39 cpu=0 late_s=1.80\n"
+                   "14:50:49 cpu=0 late_s=48.87\n"
+                   "14:50:03 cpu=1 late_s=21.69\n")
+    assert stall_meter.summary(str(log)) == (
+        "stall meter: 3 wakes more than 1 s late, 2 of them 10 s or more; the longest: "
+        "48.9 s at 14:50:49 (cpu=0), 21.7 s at 14:50:03 (cpu=1), 1.8 s at 14:49:39 (cpu=0)")
+
+
+def test_a_quiet_run_and_a_missing_log_say_so(tmp_path):
+    log = tmp_path / "stalls.log"
+    log.write_text("14:47:42 start cpus=2\n")
+    assert stall_meter.summary(str(log)) == "stall meter: no thread was held more than 1 s"
+    assert stall_meter.summary(str(tmp_path / "none.log")) == "stall meter: no log"
