@@ -4,7 +4,7 @@
     python3 scripts/stall_meter.py LOG            # measure until SIGTERM/SIGINT
     python3 scripts/stall_meter.py --summary LOG  # what LOG holds, in a few lines
 
-One thread per CPU, pinned to it, and one free to move wake every 10 ms and log each wake that
+One process per CPU, pinned to it, and one free to move wake every 10 ms and log each wake that
 came more than THRESHOLD_S late (wall clock, CPU, seconds late). A loaded fresh-clone CI run
 on this 2-core VM left such a thread unscheduled for 19-49 s on both CPUs at once: any wait in
 a test, a DDS delivery or a process start in that window takes that much longer, whatever
@@ -13,6 +13,7 @@ the code under test does. Standard library only: it starts before the venvs exis
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import sys
@@ -22,33 +23,52 @@ import time
 PERIOD_S = 0.01
 THRESHOLD_S = 1.0  # smaller delays are ordinary scheduling on a loaded machine
 SHOWN = 10  # the longest freezes listed by --summary
+PR_SET_PDEATHSIG = 1
 
 
-def measure(log_path: str) -> None:
-    """Log late wakes to ``log_path`` until SIGTERM or SIGINT."""
-    log = open(log_path, "a", buffering=1)  # noqa: SIM115 - open until the process ends
-    lock = threading.Lock()
+def _watch(log_path: str, cpu: int | None) -> None:
+    """Log this process's late wakes, pinned to ``cpu`` (None: free to move).
 
-    def watch(cpu: int | None) -> None:
-        if cpu is not None:
-            os.sched_setaffinity(0, {cpu})  # 0: this thread
-        name = "any" if cpu is None else str(cpu)
+    A process of its own: threads of one process wait for each other's GIL, so one frozen
+    CPU would look like all of them.
+    """
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # never outlives the meter's parent
+    if os.getppid() == 1:  # the parent died before prctl took effect
+        os._exit(0)
+    if cpu is not None:
+        os.sched_setaffinity(0, {cpu})
+    name = "any" if cpu is None else str(cpu)
+    with open(log_path, "a", buffering=1) as log:
         while True:
             t = time.monotonic()
             time.sleep(PERIOD_S)
             late = time.monotonic() - t - PERIOD_S
             if late > THRESHOLD_S:
-                with lock:
-                    log.write(f"{time.strftime('%H:%M:%S')} cpu={name} late_s={late:.2f}\n")
+                log.write(f"{time.strftime('%H:%M:%S')} cpu={name} late_s={late:.2f}\n")
 
+
+def measure(log_path: str) -> None:
+    """Log late wakes to ``log_path`` until SIGTERM or SIGINT."""
     cpus = sorted(os.sched_getaffinity(0))
+    with open(log_path, "a") as log:
+        log.write(f"{time.strftime('%H:%M:%S')} start cpus={len(cpus)}\n")
+    children = []
     for cpu in [*cpus, None]:
-        threading.Thread(target=watch, args=(cpu,), daemon=True).start()
-    log.write(f"{time.strftime('%H:%M:%S')} start cpus={len(cpus)}\n")
+        pid = os.fork()
+        if pid == 0:
+            try:
+                _watch(log_path, cpu)
+            finally:
+                os._exit(0)
+        children.append(pid)
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
     stop.wait()
+    for pid in children:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
 
 
 def summary(log_path: str) -> str:
