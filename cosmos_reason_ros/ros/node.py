@@ -526,8 +526,10 @@ class ReasonNode(LifecycleNode):
                    linger: bool = False) -> bool:
         """Wait until no accepted goal runs or waits (False after ``limit_s``).
 
-        Then, with ``linger`` or ``spin``, serve result requests and ~/results a while longer
-        (``serve_results``).
+        Then, with ``linger`` or ``spin``, or once the stop has ended a goal, serve result
+        requests and ~/results a while longer (``serve_results``). (``linger`` alone missed
+        goals the stop ended before the caller looked: a loaded run's release took longer to
+        reach that look than its three goals took to end, and their results went unserved.)
         """
         wait = spin if spin is not None else time.sleep
         deadline = time.monotonic() + limit_s
@@ -535,7 +537,7 @@ class ReasonNode(LifecycleNode):
             if time.monotonic() >= deadline:
                 return False
             wait(0.05)
-        if linger or spin is not None:
+        if linger or spin is not None or self._ended_by_stop:
             self.serve_results(wait)
         return True
 

@@ -38,7 +38,7 @@ from node_process import (  # noqa: E402
     scene,
 )
 from spun_node import SpunNode  # noqa: E402
-from waiting import wait_until  # noqa: E402
+from waiting import NEVER_S, wait_until  # noqa: E402
 
 from cosmos_reason_interfaces.action import Reason  # noqa: E402
 from cosmos_reason_interfaces.msg import ReasoningResult  # noqa: E402
@@ -188,7 +188,10 @@ def test_a_signal_on_another_thread_interrupts_an_engine_start_at_once():
         runner.close(timeout_s=2.0)
 
 
-def test_release_delivers_the_aborted_result_of_every_accepted_goal(monkeypatch):
+@pytest.mark.parametrize("stop_outlasts_goals", [False, True],
+                         ids=["goals_end_during_the_stop", "goals_end_before_it_looks"])
+def test_release_delivers_the_aborted_result_of_every_accepted_goal(monkeypatch,
+                                                                    stop_outlasts_goals):
     """A goal waiting for an image, a generating one and a queued one, then ``release()``.
 
     The results are asked for only after release has begun, one by one and the last one well
@@ -203,6 +206,16 @@ def test_release_delivers_the_aborted_result_of_every_accepted_goal(monkeypatch)
     n = InProcessNode({"limits.max_concurrent_goals": 2, "limits.max_queued_goals": 2},
                       script=lambda _r: Script(deltas=["x"], delay_s=0.01, endless=True))
     closer = threading.Thread(target=n.node.release)
+    if stop_outlasts_goals:
+        # As on a loaded machine: the stop's first steps take longer than its goals take to
+        # end, so no goal is left running when release looks (their results went unserved).
+        stop_prefill = n.node.prefill_worker.stop
+
+        def stop_prefill_once_the_goals_ended() -> None:
+            wait_until(lambda: not (n.node.slots.running or n.node.slots.queued), NEVER_S,
+                       "the stop ended every goal")
+            stop_prefill()
+        monkeypatch.setattr(n.node.prefill_worker, "stop", stop_prefill_once_the_goals_ended)
     try:
         feedback: dict[str, list] = {"waiting": [], "generating": [], "queued": []}
         handles = {
