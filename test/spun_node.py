@@ -9,6 +9,7 @@ from typing import Any
 import rclpy
 from rclpy.context import Context
 from rclpy.executors import MultiThreadedExecutor, SingleThreadedExecutor
+from waiting import DISCOVERY_S
 
 
 class SpinThread:
@@ -67,7 +68,7 @@ class SpunNode:
         return self.node.get_clock().now().nanoseconds
 
     @staticmethod
-    def wait_matched(publisher: Any, timeout_s: float = 30.0) -> bool:
+    def wait_matched(publisher: Any, timeout_s: float = DISCOVERY_S) -> bool:
         """Wait until ``publisher`` reaches a subscription (DDS discovery takes a moment)."""
         deadline = time.monotonic() + timeout_s
         while publisher.get_subscription_count() == 0:

@@ -18,6 +18,7 @@ pytest.importorskip("py_trees", reason="needs py-trees (make setup)")
 pytest.importorskip("mcp", reason="needs the mcp SDK (make setup)")
 from fake_engine import Script  # noqa: E402
 from inprocess_node import InProcessNode  # noqa: E402
+from waiting import DISCOVERY_S  # noqa: E402
 
 from cosmos_reason_ros.bench import report as benchreport  # noqa: E402
 from cosmos_reason_ros.bench import runner  # noqa: E402
@@ -40,7 +41,8 @@ def test_the_planning_mode_reports_the_tick_and_the_tool_call_overhead(tmp_path:
                                             "--planning-rounds", "2", "--sizes", "64x48"]))
     try:
         bench.ros = RosSide()
-        assert bench.ros.wait_subscribers(NODE_TOPIC, 10) and bench.ros.client.wait_for_server(10)
+        assert bench.ros.wait_subscribers(NODE_TOPIC, DISCOVERY_S)
+        assert bench.ros.client.wait_for_server(DISCOVERY_S)
         bench.available["node"] = ""
         bench.budget.plan(["planning"])
         results = Results(tmp_path, {"device": "cpu"})

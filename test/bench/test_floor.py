@@ -12,6 +12,7 @@ import math
 from pathlib import Path
 
 import pytest
+from waiting import DISCOVERY_S
 
 from cosmos_reason_ros.bench import report as benchreport
 from cosmos_reason_ros.bench import runner
@@ -128,14 +129,15 @@ def test_the_floor_mode_runs_in_the_latency_rotation_on_short_answers(tmp_path: 
                                    engine=FakeEngine(short_answer))
         bench.engine.start(timeout_s=30)
         bench.ros = RosSide()
-        assert bench.ros.wait_subscribers(NODE_TOPIC, 10) and bench.ros.client.wait_for_server(10)
+        assert bench.ros.wait_subscribers(NODE_TOPIC, DISCOVERY_S)
+        assert bench.ros.client.wait_for_server(DISCOVERY_S)
         bench.available.update(engine="", node="")
         # What bench's start does, the server in this process instead of its own.
         result = deserialize_message(bench.floor_result(), ReasoningResult)
         assert result.answer and result.output_tokens == 8  # a node's short answer
         server = FloorServer(result, threads=4).serve_in_thread()
         bench.floor = FloorClient()
-        assert bench.floor.wait_for_server(10)
+        assert bench.floor.wait_for_server(DISCOVERY_S)
         bench.available["floor"] = ""
         bench.budget.plan(["latency"])
         results = Results(tmp_path, {"device": "cpu", "argv": ["--modes", "floor"]})

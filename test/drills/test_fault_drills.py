@@ -29,7 +29,7 @@ from node_process import (  # noqa: E402
 from sensor_msgs.msg import Image  # noqa: E402
 from servers import VllmServer, free_port  # noqa: E402
 from spun_node import SpunNode  # noqa: E402
-from waiting import NEVER_S  # noqa: E402
+from waiting import DISCOVERY_S, NEVER_S  # noqa: E402
 
 from cosmos_reason_interfaces.action import Reason  # noqa: E402
 from cosmos_reason_interfaces.msg import ReasoningResult  # noqa: E402
@@ -269,7 +269,7 @@ def test_remote_server_down_then_up_then_killed_mid_stream(tiny_qwen3_vl, record
         node.wait_ready(120)
         assert node.wait_for_line("serving goals with ENGINE_UNAVAILABLE until it is", 5)
         io = IO("remote_drill_io")
-        assert io.client.wait_for_server(30.0)
+        assert io.client.wait_for_server(DISCOVERY_S)
         down = [timed(io, image_goal()) for _ in range(5)]
         for _, r in down:
             assert r.error_code is ErrorCode.ENGINE_UNAVAILABLE, r.error_message
@@ -359,7 +359,7 @@ def node(tiny_qwen3_vl):
 @pytest.fixture(scope="module")
 def io(node):
     io = IO("fault_drills_io")
-    assert io.client.wait_for_server(30.0)
+    assert io.client.wait_for_server(DISCOVERY_S)
     io.wait_camera_matched()
     yield io
     io.close()

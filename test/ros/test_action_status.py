@@ -19,7 +19,7 @@ from action_msgs.msg import GoalStatusArray  # noqa: E402
 from node_process import NodeProcess  # noqa: E402
 from rclpy.qos import qos_profile_action_status_default  # noqa: E402
 from spun_node import SpunNode  # noqa: E402
-from waiting import wait_until  # noqa: E402
+from waiting import DISCOVERY_S, wait_until  # noqa: E402
 
 from cosmos_reason_ros.client import ReasonClient  # noqa: E402
 from cosmos_reason_ros.core.types import ErrorCode  # noqa: E402
@@ -72,7 +72,7 @@ def test_finished_goals_leave_the_status_after_result_keep_s(node):
             return statuses[-1][1]
 
     try:
-        assert client.wait_for_server(30)
+        assert client.wait_for_server(DISCOVERY_S)
         wait_until(lambda: side.node.count_publishers(STATUS_TOPIC), WAIT_S,
                    "the probe discovers the status publisher", poll_s=0.05)
         first: set[str] = set()

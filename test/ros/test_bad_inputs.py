@@ -41,7 +41,7 @@ from node_process import NodeProcess, rgb_image_msg, scene  # noqa: E402
 from PIL import Image as PILImage  # noqa: E402
 from rclpy.serialization import serialize_message  # noqa: E402
 from sensor_msgs.msg import CompressedImage, Image  # noqa: E402
-from waiting import wait_until  # noqa: E402
+from waiting import DISCOVERY_S, wait_until  # noqa: E402
 
 from cosmos_reason_interfaces.action import Reason  # noqa: E402
 from cosmos_reason_ros.client import ReasonClient, ReasonResult  # noqa: E402
@@ -124,7 +124,7 @@ def io(node):
     io.camera = node.camera
     io.results = node.results  # every ~/results message, appended as it arrives
     io.client = ReasonClient(context=node.context)  # one participant: see InProcessNode
-    assert io.client.wait_for_server(30.0)
+    assert io.client.wait_for_server(DISCOVERY_S)
     io.probe = Probe()
     yield io
     io.probe.close()

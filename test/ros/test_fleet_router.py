@@ -42,7 +42,7 @@ from node_process import (  # noqa: E402
 from sensor_msgs.msg import Image  # noqa: E402
 from servers import VllmRouter, VllmServer, free_port  # noqa: E402
 from spun_node import SpunNode  # noqa: E402
-from waiting import wait_until  # noqa: E402
+from waiting import DISCOVERY_S, wait_until  # noqa: E402
 
 from cosmos_reason_interfaces.action import Reason  # noqa: E402
 from cosmos_reason_ros.bench import report as benchreport  # noqa: E402
@@ -184,7 +184,7 @@ class Robot:
         self.camera = self.side.node.create_publisher(Image, f"/{self.name}/camera", 10)
         self.side.node.create_subscription(DiagnosticArray, "/diagnostics", self._on_diag, 10)
         self.client = ReasonClient(f"/{self.name}/reason", node_name=f"{self.name}_client")
-        assert self.client.wait_for_server(30.0)
+        assert self.client.wait_for_server(DISCOVERY_S)
 
     def _on_diag(self, msg: DiagnosticArray) -> None:
         for status in msg.status:

@@ -53,7 +53,7 @@ from rclpy.lifecycle import TransitionCallbackReturn  # noqa: E402
 from rclpy.parameter import Parameter as NodeParameter  # noqa: E402
 from sensor_msgs.msg import Image  # noqa: E402
 from spun_node import SpinThread, SpunNode  # noqa: E402
-from waiting import wait_until  # noqa: E402
+from waiting import DISCOVERY_S, wait_until  # noqa: E402
 
 from cosmos_reason_interfaces.action import Reason  # noqa: E402
 from cosmos_reason_interfaces.msg import ReasoningResult  # noqa: E402
@@ -139,7 +139,7 @@ def test_node_under_a_manager_walks_the_lifecycle_with_the_real_engine(tiny_qwen
                 time.sleep(0.05)  # paces: a 20 Hz camera
 
         publish_frames()
-        assert client.wait_for_server(30.0)
+        assert client.wait_for_server(DISCOVERY_S)
         first = client.ask("What do you see?", max_tokens=8)
         assert first.ok, first.error_message
 
@@ -394,7 +394,7 @@ def test_a_manager_walks_the_node_through_every_state_with_diagnostics_throughou
             assert ok and manager.state() == state, node.failure
             reported(state)
             if state == "active":
-                assert client.wait_for_server(30.0)
+                assert client.wait_for_server(DISCOVERY_S)
                 answer = client.ask("What is there?", source=Reason.Goal.SOURCE_GOAL_IMAGE,
                                     image=image_msg(side.now_ns()))
                 assert answer.ok, answer.error_message

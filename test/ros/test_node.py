@@ -25,7 +25,7 @@ from node_process import (  # noqa: E402
 )
 from sensor_msgs.msg import Image  # noqa: E402
 from spun_node import SpunNode  # noqa: E402
-from waiting import NEVER_S, wait_until  # noqa: E402
+from waiting import DISCOVERY_S, NEVER_S, wait_until  # noqa: E402
 
 from cosmos_reason_interfaces.action import Reason  # noqa: E402
 from cosmos_reason_interfaces.msg import ReasoningResult  # noqa: E402
@@ -95,7 +95,7 @@ def io(node):
 
     test_node.create_subscription(DiagnosticArray, "/diagnostics", on_diagnostics, 10)
     io.client = ReasonClient()  # own participant, as a planner's would be
-    assert io.client.wait_for_server(30.0)
+    assert io.client.wait_for_server(DISCOVERY_S)
     assert side.wait_matched(io.camera), "the node's camera subscription was not found"
 
     def publish(width=640, height=480, stamp_ns=None, seed=0):

@@ -23,7 +23,7 @@ from rcl_interfaces.srv import SetParameters  # noqa: E402
 from rclpy.qos import QoSProfile, ReliabilityPolicy  # noqa: E402
 from sensor_msgs.msg import Image  # noqa: E402
 from spun_node import SpunNode  # noqa: E402
-from waiting import wait_until  # noqa: E402
+from waiting import DISCOVERY_S, wait_until  # noqa: E402
 
 from cosmos_reason_ros.client import ReasonClient  # noqa: E402
 from cosmos_reason_ros.core import query  # noqa: E402
@@ -69,7 +69,7 @@ def io(node, tiny_qwen3_vl):
     test_node.create_subscription(DiagnosticArray, "/diagnostics", on_diag, 10)
     io.set_params = test_node.create_client(SetParameters, "/cosmos_reason/set_parameters")
     io.client = ReasonClient()  # own participant, as a planner's would be
-    assert io.client.wait_for_server(30) and io.set_params.wait_for_service(30)
+    assert io.client.wait_for_server(DISCOVERY_S) and io.set_params.wait_for_service(30)
     assert side.wait_matched(io.camera), "the node's camera subscription was not found"
     io.seed = 100
 

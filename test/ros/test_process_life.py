@@ -38,7 +38,7 @@ from node_process import (  # noqa: E402
     scene,
 )
 from spun_node import SpunNode  # noqa: E402
-from waiting import NEVER_S, wait_until  # noqa: E402
+from waiting import DISCOVERY_S, NEVER_S, wait_until  # noqa: E402
 
 from cosmos_reason_interfaces.action import Reason  # noqa: E402
 from cosmos_reason_interfaces.msg import ReasoningResult  # noqa: E402
@@ -393,7 +393,7 @@ def _ctrl_c_while_serving(model) -> bool:
         node.wait_ready()
         assert tree.spawned(1) and tree.spawned(2), f"no engine processes: {tree.names()}"
         io = IO()
-        assert io.client.wait_for_server(30.0) and io.wait_results_matched()
+        assert io.client.wait_for_server(DISCOVERY_S) and io.wait_results_matched()
         # Each goal's stage is awaited at most SETTLE_S: the node's line at the signal decides.
         # Their time limits outlast the settles: a client whose feedback stalls for all three
         # (60 s, a loaded CI run) still signals while both are under way.

@@ -31,7 +31,7 @@ from node_process import NodeProcess, rgb_image_msg, scene  # noqa: E402
 from sensor_msgs.msg import Image  # noqa: E402
 from servers import free_port  # noqa: E402
 from spun_node import SpunNode  # noqa: E402
-from waiting import wait_until  # noqa: E402
+from waiting import DISCOVERY_S, wait_until  # noqa: E402
 
 from cosmos_reason_ros.client import ReasonClient  # noqa: E402
 from cosmos_reason_ros.core.types import ErrorCode  # noqa: E402
@@ -129,7 +129,7 @@ def test_goal_on_a_real_server_succeeds_from_a_node_without_vllm(server: str) ->
         side = SpunNode("remote_goal_camera")
         camera = side.node.create_publisher(Image, "/image", 10)
         client = ReasonClient()
-        assert client.wait_for_server(30.0)
+        assert client.wait_for_server(DISCOVERY_S)
         assert side.wait_matched(camera), "the node's camera subscription was not found"
         for _ in range(5):  # a few fresh frames; the goal takes the latest
             camera.publish(rgb_image_msg(scene(320, 240), side.now_ns()))

@@ -13,6 +13,7 @@ import threading
 import uuid
 
 import pytest
+from waiting import DISCOVERY_S
 
 from cosmos_reason_ros.config import PARAMS_BY_NAME
 from cosmos_reason_ros.core import prompts
@@ -169,7 +170,7 @@ def test_key_goes_only_into_the_authorization_header():
         executor.add_node(test_node)
         threading.Thread(target=executor.spin, daemon=True).start()
         with ReasonClient(context=context) as client:
-            assert client.wait_for_server(30)
+            assert client.wait_for_server(DISCOVERY_S)
             image = rgb_image_msg(scene(64, 48), 1)
             for _ in range(3):
                 result = client.run(client.goal("q", source=Reason.Goal.SOURCE_GOAL_IMAGE,

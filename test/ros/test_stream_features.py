@@ -22,7 +22,7 @@ from fake_engine import Script, request_text  # noqa: E402
 from inprocess_node import InProcessNode  # noqa: E402
 from node_process import rgb_image_msg, scene  # noqa: E402
 from sensor_msgs.msg import Image  # noqa: E402
-from waiting import NEVER_S, wait_until  # noqa: E402
+from waiting import DISCOVERY_S, NEVER_S, wait_until  # noqa: E402
 
 from cosmos_reason_interfaces.msg import ReasoningResult  # noqa: E402
 from cosmos_reason_ros.client import ReasonClient  # noqa: E402
@@ -53,7 +53,7 @@ def stream():
         node = InProcessNode({**STREAM_PARAMS, **(params or {})}, script)
         client = ReasonClient(context=node.context)  # one participant: see InProcessNode
         made.append((node, client))
-        assert client.wait_for_server(30)
+        assert client.wait_for_server(DISCOVERY_S)
         return node, client
 
     yield make
