@@ -6,7 +6,7 @@
 
 One process per CPU, pinned to it, and one free to move wake every 10 ms and log each wake that
 came more than THRESHOLD_S late (wall clock, CPU, seconds late). A loaded fresh-clone CI run
-on this 2-core VM left such a thread unscheduled for 19-49 s on both CPUs at once: any wait in
+on this 2-core VM left such a process unscheduled for 19-49 s on both CPUs at once: any wait in
 a test, a DDS delivery or a process start in that window takes that much longer, whatever
 the code under test does. Standard library only: it starts before the venvs exist.
 """
@@ -80,7 +80,7 @@ def summary(log_path: str) -> str:
         return "stall meter: no log"
     events = [(float(f[2].split("=")[1]), f[0], f[1]) for f in lines]
     if not events:
-        return f"stall meter: no thread was held more than {THRESHOLD_S:g} s"
+        return f"stall meter: no process was held more than {THRESHOLD_S:g} s"
     worst = sorted(events, reverse=True)[:SHOWN]
     return (f"stall meter: {len(events)} wakes more than {THRESHOLD_S:g} s late, "
             f"{sum(e[0] >= 10 for e in events)} of them 10 s or more; the longest: "

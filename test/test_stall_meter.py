@@ -25,5 +25,5 @@ def test_the_summary_lists_the_longest_freezes_first(tmp_path):
 def test_a_quiet_run_and_a_missing_log_say_so(tmp_path):
     log = tmp_path / "stalls.log"
     log.write_text("14:47:42 start cpus=2\n")
-    assert stall_meter.summary(str(log)) == "stall meter: no thread was held more than 1 s"
+    assert stall_meter.summary(str(log)) == "stall meter: no process was held more than 1 s"
     assert stall_meter.summary(str(tmp_path / "none.log")) == "stall meter: no log"

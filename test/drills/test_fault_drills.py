@@ -183,12 +183,10 @@ class Watch:
         self.started = threading.Event()
         self.messages = 0
         self.last: tuple[int, int, float] | None = None  # stage, tokens, the node's elapsed_s
-        self.last_at = 0.0  # when the last message came (monotonic)
 
     def __call__(self, fb: Feedback) -> None:
         self.messages += 1
         self.last = (fb.stage, fb.output_tokens, round(fb.elapsed_s, 2))
-        self.last_at = time.monotonic()
         if fb.stage == Feedback.STAGE_GENERATING and fb.output_tokens > 0:
             self.started.set()
 
