@@ -350,6 +350,9 @@ class _Flight:
     result: float | None = None
     result_requests: int = 0
     next_result_request: float | None = None  # set once ended: ask again then
+    # An accepted goal with its own time limit: by then plus the delivery timeout the node
+    # has ended it, so a goal whose end never showed is not delivered (None: no limit).
+    give_up_at: float | None = None
     result_interval: float = 0.0
     cancel_wanted: bool = False
     cancel_requests: int = 0
@@ -426,7 +429,9 @@ class ReasonClient:
         ``delivery_timeout_s`` bounds each reply the client waits for in transport: a sent
         goal with no goal response and no place in the action status, or an ended goal (by
         the status) whose result does not come despite repeated requests, ends
-        ``not_delivered`` that long after it was sent or ended.
+        ``not_delivered`` that long after it was sent or ended; so does an accepted goal with
+        a time limit of its own (``timeout_s``) whose end never shows, that long after the
+        limit.
         """
         if not delivery_timeout_s > 0:
             raise ValueError(f"delivery_timeout_s={delivery_timeout_s!r}: expected seconds > 0")
@@ -624,6 +629,9 @@ class ReasonClient:
             # still asked for again now and then: a request is idempotent at the node.
             flight.result_interval = _RESEND_MAX_S
             flight.next_result_request = flight.accepted + self.delivery_timeout_s
+            limit = float(getattr(flight.goal, "timeout_s", 0.0) or 0.0)
+            if limit > 0:
+                flight.give_up_at = flight.accepted + limit + self.delivery_timeout_s
         self._request_result(flight)
         if flight.cancel_wanted:
             self._send_cancel_request(flight)
@@ -677,6 +685,15 @@ class ReasonClient:
                         f"{self._status_topic} {now - flight.sent:.2f} s after it was sent: "
                         f"goal request {flight.goal_requests + 1}")
                     self._send_goal_request(flight)
+                continue
+            if flight.ended is None and flight.give_up_at is not None \
+                    and now >= flight.give_up_at:
+                self._not_delivered(
+                    flight, f"result not delivered: the goal was accepted "
+                    f"{now - flight.accepted:.1f} s ago and its time limit (timeout_s="
+                    f"{flight.goal.timeout_s:g}) has passed, but neither its end in "
+                    f"{self._status_topic} nor a result response came "
+                    f"({flight.result_requests} result requests)")
                 continue
             if flight.next_result_request is not None and now >= flight.next_result_request \
                     and flight.ended is None:

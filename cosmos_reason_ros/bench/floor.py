@@ -194,7 +194,7 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     ap.add_argument("--threads", type=int, required=True,
                     help="executor threads (the node's: running + queued goals + spare)")
     args = ap.parse_args(argv)
-    profile = dds.use_writer_profile()  # before the first participant, as the node does
+    profile = dds.use_profile()  # before the first participant, as the node does
     data = args.result_file.read_bytes()
     server = FloorServer(deserialize_message(data, ReasoningResult), args.threads)
     for signum in (signal.SIGTERM, signal.SIGINT):

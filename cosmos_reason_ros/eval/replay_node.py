@@ -67,7 +67,7 @@ def run_through_node(cfg: ReplayConfig, scenario: Scenario, schedule: tuple[Sche
 
     # Before the first participant: a frame the node has not acknowledged is sent again after
     # 0.1 s, not at Fast DDS's default 3 s heartbeat (deliver() waits for the acknowledgement).
-    _LOG.info("%s", dds.use_writer_profile())
+    _LOG.info("%s", dds.use_profile())
     context = rclpy.context.Context()
     rclpy.init(context=context)
     node = rclpy.create_node("cosmos_reason_replay", context=context)

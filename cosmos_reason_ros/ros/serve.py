@@ -34,7 +34,7 @@ def serve(args: list[str] | None = None, engine: Engine | None = None) -> NoRetu
     server goes (``ReasonNode.release``). No process started by the node outlives it, however
     it ends (``process_life``). ``engine`` replaces the configured one (tests).
     """
-    dds_profile = dds.use_writer_profile()  # before the first participant
+    dds_profile = dds.use_profile()  # before the first participant
     rclpy.init(args=args, signal_handler_options=SignalHandlerOptions.NO)
     signals = process_life.StopSignals()
     process_life.stop_with_launcher()  # after StopSignals: its SIGTERM is a stop like any

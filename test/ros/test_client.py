@@ -339,6 +339,25 @@ def test_a_result_that_never_arrives_ends_not_delivered_naming_the_hop(node, mon
     assert result.message.goal_id == delivery.goal_id
 
 
+def test_an_accepted_goal_whose_end_never_shows_ends_not_delivered_after_its_limit(
+        node, monkeypatch):
+    # The connection lost after the acceptance: neither the status nor a result response
+    # reaches the client again. The goal's own time limit bounds the wait.
+    node.publish()
+    node.wait_frames(1)
+    with ReasonClient(delivery_timeout_s=1.0) as client:
+        monkeypatch.setattr(client._client, "status_observer", lambda msg: None)
+        drop_calls(client, monkeypatch, "_on_result_response")
+        goal = ReasonClient.goal("What is here?", timeout_s=1.0)
+        result = client.run(goal, timeout_s=60.0)  # 60 s: "never"; it ends after ~2 s
+    assert (result.status, result.error_code) == ("not_delivered", ErrorCode.NOT_DELIVERED)
+    assert result.error_message.startswith("result not delivered: the goal was accepted ")
+    assert "its time limit (timeout_s=1) has passed" in result.error_message
+    delivery = result.delivery
+    assert delivery is not None and delivery.accepted is not None
+    assert (delivery.ended, delivery.result) == (None, None)
+
+
 @pytest.fixture
 def deaf_server():
     """An action server that is discovered but never takes a request: its node never spins.
