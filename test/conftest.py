@@ -32,6 +32,13 @@ if _worker.startswith("gw") and _worker[2:].isdigit() and int(_worker[2:]) > 0:
     os.environ["ROS_DOMAIN_ID"] = str((int(os.environ["ROS_DOMAIN_ID"]) + 20 * int(_worker[2:]))
                                       % 102)
 os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
+# The tests' own participants (clients, cameras, recorders) get the node's Fast DDS profile:
+# the CI machine holds a test process as long as a node (19-103 s measured), and a participant
+# dropped at Fast DDS's default 20 s lease loses what was sent to it meanwhile
+# (cosmos_reason_ros/dds.py). Before the first participant; a profile set by the caller stays.
+from cosmos_reason_ros import dds  # noqa: E402
+
+dds.use_profile(os.environ)
 
 # Property tests (hypothesis) try the same examples on every run of the per-commit tiers: a
 # random run once found a new counterexample in the middle of an unrelated change, so whether

@@ -561,9 +561,11 @@ def test_camera_going_silent_is_reported_and_goals_stay_specific(io, record):
 # dropped it, and with it the requests they had sent it during the hold and it had not yet
 # taken. Without the node's 300 s lease (cosmos_reason_ros/dds.py) none of the cancels sent
 # during a 25-30 s hold reached the node (50 of 50, 10 of 10), and every goal generated its
-# whole answer; a CI machine held processes for 19-103 s. Held here on purpose (SIGSTOP), with
-# goals generating and cancelled during the hold: every goal ends cancelled, and a goal sent
-# after the node resumes is answered.
+# whole answer; a CI machine held processes for 19-104 s. Held here on purpose (SIGSTOP), with
+# goals generating and cancelled during the hold: their cancels must reach the node, every
+# goal must end, and a goal sent after the node resumes must be answered. The engine core is
+# not held: a goal may still finish before the node, resumed, takes its cancel, and a machine
+# freeze can hold the node before the hold too, so the drill counts cancels that arrived.
 HOLD_S, HELD_GOALS = 30.0, 10
 
 
@@ -576,21 +578,31 @@ def test_a_node_held_past_the_default_lease_still_answers_its_clients(io, node, 
     wait_until(lambda: all(w.started.is_set() or h.future.done()
                            for w, h in zip(watches, handles, strict=True)), NEVER_S,
                "the goals generating before the hold")
+    held = [h for h in handles if not h.future.done()]
+    assert held, "every goal ended before the hold"
     os.kill(node.proc.pid, signal.SIGSTOP)
     try:
         time.sleep(1.0)  # the hold under way
-        for h in handles:
+        wall_cancel = time.time()
+        for h in held:
             h.cancel()
         time.sleep(HOLD_S - 1.0)  # the hold itself, not a wait for something to happen
     finally:
         os.kill(node.proc.pid, signal.SIGCONT)
     t_resumed = time.monotonic()
-    ended = [h.result(NEVER_S) for h in handles]
-    assert all(r.status == "canceled" for r in ended), \
+    ended = [h.result(NEVER_S) for h in held]
+    assert all(r.status in ("canceled", "succeeded") for r in ended), \
         [(r.status, r.message.output_tokens, r.error_message) for r in ended]
+    # Logged as each arrives; a goal the node had already ended when its cancel came logs none.
+    arrived = node.logged_at("cancel requested", since=wall_cancel, count=len(held),
+                             timeout_s=5.0)
+    print(f"\nnode held {HOLD_S:.0f} s: {len(arrived)} of {len(held)} cancels sent during the "
+          f"hold reached it; the goals ended {sorted(r.status for r in ended)}")
+    record(f"node held {HOLD_S:.0f} s: cancels sent during the hold that never reached it",
+           len(held) - len(arrived), "goals", 0, len(held) // 2)
     after = io.client.run(image_goal(), NEVER_S)
     assert after.ok, f"a goal after the hold: {after.status} {after.error_message}"
-    record(f"node held {HOLD_S:.0f} s: its goals cancelled, a goal after it answered",
+    record(f"node held {HOLD_S:.0f} s: a goal after the hold answered",
            time.monotonic() - t_resumed, "s", 5.0, NEVER_S)
 
 
