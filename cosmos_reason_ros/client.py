@@ -629,9 +629,9 @@ class ReasonClient:
             # still asked for again now and then: a request is idempotent at the node.
             flight.result_interval = _RESEND_MAX_S
             flight.next_result_request = flight.accepted + self.delivery_timeout_s
-            limit = float(getattr(flight.goal, "timeout_s", 0.0) or 0.0)
-            if limit > 0:
-                flight.give_up_at = flight.accepted + limit + self.delivery_timeout_s
+            if flight.goal.timeout_s > 0:
+                flight.give_up_at = (flight.accepted + flight.goal.timeout_s
+                                     + self.delivery_timeout_s)
         self._request_result(flight)
         if flight.cancel_wanted:
             self._send_cancel_request(flight)
