@@ -84,6 +84,7 @@ _RESEND_MAX_S = 8.0
 _CHECK_PERIOD_S = 0.05  # how often the spin thread looks at the deadlines of goals in flight
 _WAITING_POLL_S = 0.01  # spin period while a goal waits for discovery (rclpy's own poll: 0.25)
 _WARN_WAITING_AFTER_S = 5.0
+_HELD_S = 1.0  # a spin-loop turn this long means the client was held (a turn: <= 0.1 s)
 _STATUS = {GoalStatus.STATUS_SUCCEEDED: "succeeded", GoalStatus.STATUS_ABORTED: "aborted",
            GoalStatus.STATUS_CANCELED: "canceled"}
 _ENDED = frozenset(_STATUS)
@@ -360,6 +361,11 @@ class _Flight:
     cancel_settled: bool = False  # a cancel response came, or the status shows it taken
     next_cancel: float | None = None
     cancel_interval: float = 0.0
+    # How long this client's own spin thread was held (not turning: its process frozen or
+    # starved) while the goal was in flight: no reply could be taken meanwhile, so each
+    # delivery timeout waits that much longer. A rehearsal's client, held 30 s or more by the
+    # machine, woke past its deadlines and ended goals not delivered whose replies were there.
+    held_s: float = 0.0
     done: bool = False
 
     @property
@@ -463,12 +469,14 @@ class ReasonClient:
         # Sent goals not ended yet, by goal id (spin thread only).
         self._flights: dict[bytes, _Flight] = {}
         self._next_check = 0.0
+        self._last_look = time.monotonic()  # the spin thread's last look at the clock
         self._running = True
         self._thread = threading.Thread(target=self._spin, daemon=True)
         self._thread.start()
 
     def _spin(self) -> None:
         while self._running and self.node.context.ok():
+            self._note_hold(time.monotonic())
             with self._waiting_lock:
                 waiting = bool(self._waiting)
             try:
@@ -486,7 +494,19 @@ class ReasonClient:
                 now = time.monotonic()
                 if now >= self._next_check:
                     self._next_check = now + _CHECK_PERIOD_S
+                    self._note_hold(now)
                     self._check_flights(now)
+
+    def _note_hold(self, now: float) -> None:
+        """Credit the goals in flight with the time since the last look, if the client was held.
+
+        Looks come at each turn of the spin thread and before each deadline check: a turn
+        takes at most 0.1 s unless the process was frozen or starved.
+        """
+        if now - self._last_look > _HELD_S:
+            for flight in self._flights.values():
+                flight.held_s += now - self._last_look
+        self._last_look = now
 
     def _send_waiting(self) -> None:
         """On the spin thread: send the waiting goals once the server is discovered."""
@@ -666,14 +686,15 @@ class ReasonClient:
         """Deadlines of goals in flight (spin thread): repeat requests, or give up."""
         timeout = self.delivery_timeout_s
         for flight in list(self._flights.values()):
+            wait = timeout + flight.held_s
             if flight.accepted is None:
-                if now >= flight.sent + timeout and flight.refused:
+                if now >= flight.sent + wait and flight.refused:
                     self._end_by_client(
                         flight, "rejected", ErrorCode.OVERLOADED,
                         f"goal rejected by the node (its first goal response was lost; a "
                         f"repeated request was rejected and the goal never appeared in "
                         f"{self._status_topic}): see the node's ~/results for why")
-                elif now >= flight.sent + timeout:
+                elif now >= flight.sent + wait:
                     self._not_delivered(
                         flight, f"goal request not delivered: no goal response and the goal id "
                         f"never appeared in {self._status_topic} within {timeout:.1f} s "
@@ -687,7 +708,7 @@ class ReasonClient:
                     self._send_goal_request(flight)
                 continue
             if flight.ended is None and flight.give_up_at is not None \
-                    and now >= flight.give_up_at:
+                    and now >= flight.give_up_at + flight.held_s:
                 self._not_delivered(
                     flight, f"result not delivered: the goal was accepted "
                     f"{now - flight.accepted:.1f} s ago and its time limit (timeout_s="
@@ -702,7 +723,7 @@ class ReasonClient:
                 flight.next_result_request = now + flight.result_interval
             elif flight.next_result_request is not None and now >= flight.next_result_request:
                 assert flight.ended is not None
-                if now >= flight.ended + timeout:
+                if now >= flight.ended + wait:
                     self._not_delivered(
                         flight, f"result response not delivered: the goal ended "
                         f"({_STATUS.get(flight.status, flight.status)} in "
@@ -715,12 +736,12 @@ class ReasonClient:
                 self._request_result(flight)
                 flight.result_interval = min(2 * flight.result_interval, _RESEND_MAX_S)
                 flight.next_result_request = min(now + flight.result_interval,
-                                                 flight.ended + timeout)
+                                                 flight.ended + wait)
             if flight.next_cancel is not None and now >= flight.next_cancel:
                 if flight.cancel_settled:
                     flight.next_cancel = None
                 elif flight.cancel_started is not None \
-                        and now >= flight.cancel_started + timeout:
+                        and now >= flight.cancel_started + wait:
                     flight.next_cancel = None  # the goal goes on to its own end or time limit
                     self.node.get_logger().warning(
                         f"goal {flight.key.hex()[:8]}: cancel not taken after "

@@ -396,6 +396,28 @@ def test_a_goal_never_seen_by_the_server_ends_not_delivered_naming_the_hop(deaf_
     assert f"({delivery.goal_requests} goal requests)" in result.error_message
 
 
+def test_a_client_held_past_its_delivery_timeout_asks_again_before_giving_up(deaf_server,
+                                                                             monkeypatch):
+    # The client's own process held (frozen, starved): a deadline that ran out while it could
+    # take no reply is not held against the transport. Held here right after its first goal
+    # request, on its spin thread, for three delivery timeouts.
+    with ReasonClient(deaf_server, delivery_timeout_s=1.0) as client:
+        real = client._send_goal_request
+
+        def send_then_hold(flight):
+            real(flight)
+            if flight.goal_requests == 1:
+                threading.Event().wait(3.0)
+
+        monkeypatch.setattr(client, "_send_goal_request", send_then_hold)
+        handle = client.submit(client.goal("q"), server_timeout_s=30.0)
+        result = handle.result(60.0)  # 60 s: "never"; it ends a delivery timeout after the hold
+    assert (result.status, result.error_code) == ("not_delivered", ErrorCode.NOT_DELIVERED)
+    assert result.delivery is not None
+    # Without the hold credited: not delivered at the first look after it, one request sent.
+    assert result.delivery.goal_requests >= 2, result.delivery.summary()
+
+
 def test_a_feedback_callback_that_raises_loses_no_goal(node):
     node.publish()
     node.wait_frames(1)
