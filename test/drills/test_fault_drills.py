@@ -217,7 +217,9 @@ class Watch:
                     for side in (io.client.node, io.node)],
                 # the goal's own lines, or the node's last ones while its id is not known
                 "node log": [ln for ln in node.output.splitlines()
-                             if goal_id is None or goal_id[:8] in ln][-3 if goal_id else -12:]}
+                             if goal_id is None or goal_id[:8] in ln][-3 if goal_id else -12:],
+                "node exit code (None: running)": node.proc.poll(),
+                "node's last lines": node.output.splitlines()[-5:]}
 
 
 # The dead-engine drill's kill must land while its goal generates, far from its end. Progress is
