@@ -351,9 +351,6 @@ class _Flight:
     result: float | None = None
     result_requests: int = 0
     next_result_request: float | None = None  # set once ended: ask again then
-    # An accepted goal with its own time limit: by then plus the delivery timeout the node
-    # has ended it, so a goal whose end never showed is not delivered (None: no limit).
-    give_up_at: float | None = None
     result_interval: float = 0.0
     cancel_wanted: bool = False
     cancel_requests: int = 0
@@ -649,9 +646,6 @@ class ReasonClient:
             # still asked for again now and then: a request is idempotent at the node.
             flight.result_interval = _RESEND_MAX_S
             flight.next_result_request = flight.accepted + self.delivery_timeout_s
-            if flight.goal.timeout_s > 0:
-                flight.give_up_at = (flight.accepted + flight.goal.timeout_s
-                                     + self.delivery_timeout_s)
         self._request_result(flight)
         if flight.cancel_wanted:
             self._send_cancel_request(flight)
@@ -707,8 +701,10 @@ class ReasonClient:
                         f"goal request {flight.goal_requests + 1}")
                     self._send_goal_request(flight)
                 continue
-            if flight.ended is None and flight.give_up_at is not None \
-                    and now >= flight.give_up_at + flight.held_s:
+            # An accepted goal with a time limit of its own: the node has ended it by then, so
+            # an end that never showed was lost in transport.
+            if flight.ended is None and flight.goal.timeout_s > 0 \
+                    and now >= flight.accepted + flight.goal.timeout_s + wait:
                 self._not_delivered(
                     flight, f"result not delivered: the goal was accepted "
                     f"{now - flight.accepted:.1f} s ago and its time limit (timeout_s="

@@ -27,7 +27,7 @@ from pathlib import Path
 # Fast DDS 3 (Kilted) and 2.x (Jazzy, Humble) name the XML elements differently and reject
 # the other's: one file each.
 PROFILES = {3: Path(__file__).with_name("fastdds3_profile.xml"),
-                   2: Path(__file__).with_name("fastdds2_profile.xml")}
+            2: Path(__file__).with_name("fastdds2_profile.xml")}
 # Fast DDS 3's library and 2.x's (the name changed with the major version).
 _LIBRARIES = {3: "libfastdds.so.3", 2: "libfastrtps.so.2"}
 PROFILE_ENV = "FASTDDS_DEFAULT_PROFILES_FILE"
