@@ -4,8 +4,12 @@
     python3 scripts/stall_meter.py LOG            # measure until SIGTERM/SIGINT
     python3 scripts/stall_meter.py --summary LOG  # what LOG holds, in a few lines
 
+``held_s(LOG, start, end)``: for how many seconds of a span the machine held a process (the
+drills credit it against their hard bounds: a figure that spans a freeze measures the machine).
+
 One process per CPU, pinned to it, and one free to move wake every 10 ms and log each wake that
-came more than THRESHOLD_S late (wall clock, CPU, seconds late). A loaded fresh-clone CI run
+came more than THRESHOLD_S late (time of day, CPU, seconds late, the wake's wall-clock
+time). A loaded fresh-clone CI run
 on this 2-core VM left such a process unscheduled for 19-49 s on both CPUs at once: any wait in
 a test, a DDS delivery or a process start in that window takes that much longer, whatever
 the code under test does. Standard library only: it starts before the venvs exist.
@@ -45,7 +49,8 @@ def _watch(log_path: str, cpu: int | None) -> None:
             time.sleep(PERIOD_S)
             late = time.monotonic() - t - PERIOD_S
             if late > THRESHOLD_S:
-                log.write(f"{time.strftime('%H:%M:%S')} cpu={name} late_s={late:.2f}\n")
+                log.write(f"{time.strftime('%H:%M:%S')} cpu={name} late_s={late:.2f} "
+                          f"at={time.time():.2f}\n")
 
 
 def measure(log_path: str) -> None:
@@ -85,6 +90,30 @@ def summary(log_path: str) -> str:
     return (f"stall meter: {len(events)} wakes more than {THRESHOLD_S:g} s late, "
             f"{sum(e[0] >= 10 for e in events)} of them 10 s or more; the longest: "
             + ", ".join(f"{late:.1f} s at {at} ({cpu})" for late, at, cpu in worst))
+
+
+def held_s(log_path: str, start: float, end: float) -> float:
+    """Seconds of the wall-clock span [start, end] in which some CPU held a runnable process.
+
+    The union over CPUs: a process whose thread sits on a frozen CPU is held however free the
+    other one is. Freezes logged before ``at=`` was written (no wall-clock time) count nothing.
+    """
+    spans = []
+    try:
+        with open(log_path) as f:
+            for line in f:
+                fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
+                if "at" in fields and "late_s" in fields:
+                    at = float(fields["at"])
+                    spans.append((max(start, at - float(fields["late_s"])), min(end, at)))
+    except FileNotFoundError:
+        return 0.0
+    held, reached = 0.0, start
+    for lo, hi in sorted(s for s in spans if s[0] < s[1]):
+        if hi > reached:
+            held += hi - max(lo, reached)
+            reached = hi
+    return held
 
 
 if __name__ == "__main__":

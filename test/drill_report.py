@@ -5,6 +5,11 @@ and on a figure above its hard bound, which sits well above the target (5-10x): 
 machine misses a target, a broken mechanism misses the bound. The target is reported as met
 or missed, never asserted. ``make drills`` writes ``build/drills/report.json`` and a Markdown
 table ``build/drills/report.md``, the way ``cosmos_reason_ros.bench`` reports its runs.
+
+A duration that spans a freeze of the machine (this VM has held every process for up to 187 s,
+scripts/stall_meter.py) measures the machine, not the mechanism: the seconds the meter saw the
+machine hold a process inside the figure's span are reported beside it and taken off before the
+hard bound is checked. The target is judged on the figure as measured.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ class Figure:
     unit: str
     target: float
     hard_bound: float
+    machine_held_s: float = 0.0  # of the figure's span, the machine held a process this long
 
     @property
     def met(self) -> bool:
@@ -36,7 +42,7 @@ class Figure:
     @property
     def within_bound(self) -> bool:
         """Whether the figure stayed under its hard bound (above it, the drill fails)."""
-        return self.value <= self.hard_bound
+        return self.value - self.machine_held_s <= self.hard_bound
 
 
 class Report:
@@ -61,17 +67,19 @@ class Report:
                             for f in self.figures]}
 
     def markdown(self) -> str:
-        """The figures as a table: figure, value, target (met/missed), hard bound."""
+        """The figures as a table: figure, value, target (met/missed), machine held, bound."""
         lines = ["# Drills", "",
                  f"{len(self.figures)} figures, {sum(f.met for f in self.figures)} met their "
                  f"target, {sum(not f.within_bound for f in self.figures)} above their hard "
                  f"bound (host {platform.node()}, {os.cpu_count()} CPUs).", "",
-                 "| drill | figure | value | target | | hard bound | |",
-                 "|---|---|---:|---:|---|---:|---|"]
+                 "| drill | figure | value | target | | machine held | hard bound | |",
+                 "|---|---|---:|---:|---|---:|---:|---|"]
         for f in self.figures:
+            held = f"{f.machine_held_s:.1f} s" if f.machine_held_s else ""
             lines.append(f"| {f.test} | {f.name} | {f.value:.2f} {f.unit} | {f.target:g} "
-                         f"{f.unit} | {'met' if f.met else 'missed'} | {f.hard_bound:g} "
-                         f"{f.unit} | {'ok' if f.within_bound else 'EXCEEDED'} |")
+                         f"{f.unit} | {'met' if f.met else 'missed'} | {held} | "
+                         f"{f.hard_bound:g} {f.unit} | "
+                         f"{'ok' if f.within_bound else 'EXCEEDED'} |")
         return "\n".join(lines) + "\n"
 
     def write(self, folder: Path) -> None:

@@ -99,14 +99,18 @@ def test_the_report_shows_met_missed_and_exceeded(tmp_path):
     report.add(Figure("test_a", "cancel", 1.2, "s", 2.0, 20.0))
     report.add(Figure("test_a", "idle", 3.5, "s", 2.0, 20.0))
     report.add(Figure("test_b", "late", 30.0, "s", 2.0, 20.0))
+    # 82 s, of which the machine held a process 77 s: the mechanism took 5 s
+    report.add(Figure("test_c", "frozen", 82.0, "s", 2.0, 30.0, machine_held_s=77.0))
     report.write(tmp_path)
     data = json.loads((tmp_path / "report.json").read_text())
     assert [(f["name"], f["met"], f["within_bound"]) for f in data["figures"]] == [
-        ("cancel", True, True), ("idle", False, True), ("late", False, False)]
+        ("cancel", True, True), ("idle", False, True), ("late", False, False),
+        ("frozen", False, True)]
     table = (tmp_path / "report.md").read_text()
-    assert "| test_a | cancel | 1.20 s | 2 s | met | 20 s | ok |" in table
-    assert "| test_a | idle | 3.50 s | 2 s | missed | 20 s | ok |" in table
-    assert "| test_b | late | 30.00 s | 2 s | missed | 20 s | EXCEEDED |" in table
+    assert "| test_a | cancel | 1.20 s | 2 s | met |  | 20 s | ok |" in table
+    assert "| test_a | idle | 3.50 s | 2 s | missed |  | 20 s | ok |" in table
+    assert "| test_b | late | 30.00 s | 2 s | missed |  | 20 s | EXCEEDED |" in table
+    assert "| test_c | frozen | 82.00 s | 2 s | missed | 77.0 s | 30 s | ok |" in table
 
 
 def test_a_target_above_its_hard_bound_is_refused():
