@@ -14,10 +14,9 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from waiting import wait_until
+from waiting import NEVER_S, wait_until
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-WAIT_S = 90.0  # generous: a wait that runs out means the outcome never came
 
 
 def patrol_until_a_pose(poses: list, publish_frame: Callable[[], None], period_s: float,
@@ -45,7 +44,7 @@ def patrol_until_a_pose(poses: list, publish_frame: Callable[[], None], period_s
         # Cycles go on until a pose reaches this subscriber (early cycles may come before the
         # node has depth and CameraInfo, and discovery between processes decides which
         # cycle's pose is the first one it gets).
-        wait_until(lambda: poses or proc.poll() is not None, WAIT_S, "an obstacle pose")
+        wait_until(lambda: poses or proc.poll() is not None, NEVER_S, "an obstacle pose")
         assert proc.poll() is None, proc.communicate()
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=60)

@@ -34,13 +34,12 @@ rclpy = pytest.importorskip("rclpy", reason="needs the ROS 2 wheels (make setup)
 from doc_blocks import DocBlock, doc_blocks  # noqa: E402
 from fake_engine import Script, answers_the_task, request_text  # noqa: E402
 from inprocess_node import InProcessNode  # noqa: E402
-from waiting import wait_until  # noqa: E402
+from waiting import NEVER_S, wait_until  # noqa: E402
 
 from cosmos_reason_ros.core.types import ErrorCode  # noqa: E402
 
 pytestmark = [pytest.mark.ros]
 
-WAIT_S = 60.0  # generous: a wait that runs out means the outcome never came
 VERDICT = {"answer": "yes", "reason": "The part is in the gripper."}  # answers_the_task's
 PYTHON_FENCES = {"python", "py", "python3"}
 MCP_TOOLS = {"ask", "ground", "point", "verify", "count", "cameras", "snapshot"}
@@ -71,7 +70,7 @@ class Ran:
     def tasks(self, goals: int) -> list[str]:
         """The tasks of the node's results, once the block's ``goals`` results are in (each
         reaches ``~/results``'s subscriber on its own schedule, after the goal's reply)."""
-        wait_until(lambda: len(self.node.results) >= goals, WAIT_S, f"{goals} result(s)")
+        wait_until(lambda: len(self.node.results) >= goals, NEVER_S, f"{goals} result(s)")
         return [m.task for m in self.node.results]
 
 
@@ -204,13 +203,13 @@ def mcp_http_server(_n: InProcessNode) -> Iterator[str]:
                                       name="mcp_http", daemon=True)
             thread.start()
             try:
-                wait_until(lambda: server.started or not thread.is_alive(), WAIT_S,
+                wait_until(lambda: server.started or not thread.is_alive(), NEVER_S,
                            "the MCP HTTP server started")
                 assert server.started, "the MCP HTTP server ended at start"
                 yield address
             finally:
                 server.should_exit = True
-                thread.join(WAIT_S)
+                thread.join(NEVER_S)
                 assert not thread.is_alive(), "the MCP HTTP server did not stop"
     finally:
         feed.close()

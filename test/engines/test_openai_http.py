@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 from aiohttp import web
 from servers import VllmServer, free_port
-from waiting import async_wait_until
+from waiting import NEVER_S, async_wait_until
 
 from cosmos_reason_ros.core.types import (
     BadRequestError,
@@ -768,7 +768,7 @@ def test_server_ignoring_max_tokens_ends_with_length_and_a_disconnect(
             chunks = await asyncio.wait_for(collect(engine, image_request(max_tokens=16)), 30)
             ended_at = time.monotonic()
             # The server sees the client go away (vLLM aborts the request on a disconnect).
-            await asyncio.wait_for(endless.gone.wait(), 5)
+            await asyncio.wait_for(endless.gone.wait(), NEVER_S)
             last = chunks[-1]
             assert last.finish_reason is FinishReason.LENGTH
             assert all(c.finish_reason is None for c in chunks[:-1])
@@ -835,7 +835,7 @@ def test_warm_up_against_a_server_ignoring_max_tokens_finishes_promptly(
                 # Unbounded, the warm-up would read until request_timeout_s (600 s).
                 await asyncio.wait_for(engine.start(), 30)
                 took = time.monotonic() - t0
-                await asyncio.wait_for(endless.gone.wait(), 5)
+                await asyncio.wait_for(endless.gone.wait(), NEVER_S)
                 assert fake.bodies[0]["max_tokens"] == 1
                 # The client stopped after the 10th event (unbounded: tens of thousands).
                 assert endless.events < output_token_limit(1) + 40

@@ -19,7 +19,7 @@ from fake_engine import Gate, Script, answers_the_task  # noqa: E402
 from geometry_msgs.msg import PoseStamped  # noqa: E402
 from inprocess_node import InProcessNode  # noqa: E402
 from py_trees.common import Status  # noqa: E402
-from waiting import wait_until  # noqa: E402
+from waiting import NEVER_S, wait_until  # noqa: E402
 
 from cosmos_reason_interfaces.msg import Box2D, ReasoningResult  # noqa: E402
 from cosmos_reason_ros.client import ReasonClient, ReasonResult, ResultBox  # noqa: E402
@@ -36,7 +36,6 @@ from cosmos_reason_ros.planning.behaviours import (  # noqa: E402
 )
 
 pytestmark = [pytest.mark.ros]
-WAIT_S = 30.0  # generous: a wait that runs out means the outcome never came
 WIDTH, HEIGHT = 64, 48  # the in-process node's test frames
 
 
@@ -95,7 +94,7 @@ def tick_until_done(tree_or_behaviour, what: str) -> Status:
             tree_or_behaviour.tick_once()
             status = tree_or_behaviour.status
         return status if status != Status.RUNNING else None
-    return wait_until(done, WAIT_S, what)
+    return wait_until(done, NEVER_S, what)
 
 
 def board(key: str):
@@ -203,9 +202,9 @@ def test_preemption_cancels_the_goal_and_aborts_the_engine_request(node, client,
     emergency["stop"] = True  # the higher-priority branch takes over at the next tick
     tree.tick()
     assert root.status == Status.SUCCESS and check.status == Status.INVALID
-    node.engine.wait_for(lambda e: request_id in e.aborted, WAIT_S,
+    node.engine.wait_for(lambda e: request_id in e.aborted, NEVER_S,
                          "the preempted goal's engine request aborted")
-    wait_until(lambda: not node.engine.running, WAIT_S, "the engine idle")
+    wait_until(lambda: not node.engine.running, NEVER_S, "the engine idle")
 
 
 def test_timeout_fails_with_the_reason_and_aborts_the_engine_request(node, client, gate):
@@ -221,7 +220,7 @@ def test_timeout_fails_with_the_reason_and_aborts_the_engine_request(node, clien
     check.tick_once()
     assert check.status == Status.FAILURE
     assert check.feedback_message == "timed out after 20 s (timeout_s); the goal was cancelled"
-    node.engine.wait_for(lambda e: request_id in e.aborted, WAIT_S,
+    node.engine.wait_for(lambda e: request_id in e.aborted, NEVER_S,
                          "the timed-out goal's engine request aborted")
     assert not py_trees.blackboard.Blackboard.exists("/aisle/result")
 
@@ -270,7 +269,7 @@ def test_wait_until_seen_retries_until_the_target_shows(node, client):
     tree.setup(reason_client=client)  # the py_trees way to hand the behaviours their client
     # The first attempt finds nothing: the wait goes on, and no second goal starts before
     # period_s has passed on the clock, however often the tree ticks.
-    wait_until(lambda: (tree.tick(), seen.decorated.status == Status.FAILURE)[1], WAIT_S,
+    wait_until(lambda: (tree.tick(), seen.decorated.status == Status.FAILURE)[1], NEVER_S,
                "the first attempt fails")
     for _ in range(5):
         tree.tick()
@@ -294,7 +293,7 @@ def test_wait_until_seen_gives_up_at_its_timeout_cancelling_the_attempt(node, cl
     seen.tick_once()
     assert seen.status == Status.FAILURE and seen.decorated.status == Status.INVALID
     assert seen.feedback_message.startswith("not seen within 30 s (timeout_s, 1 attempt(s))")
-    node.engine.wait_for(lambda e: request_id in e.aborted, WAIT_S,
+    node.engine.wait_for(lambda e: request_id in e.aborted, NEVER_S,
                          "the running attempt's engine request aborted")
 
 

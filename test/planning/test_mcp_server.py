@@ -26,13 +26,12 @@ rclpy = pytest.importorskip("rclpy", reason="needs the ROS 2 wheels (make setup)
 mcp = pytest.importorskip("mcp", reason="needs the mcp SDK (make setup)")
 from fake_engine import Gate, Script, answers_the_task  # noqa: E402
 from inprocess_node import InProcessNode  # noqa: E402
-from waiting import async_wait_until, wait_until  # noqa: E402
+from waiting import NEVER_S, async_wait_until, wait_until  # noqa: E402
 
 from cosmos_reason_ros.core.types import ErrorCode  # noqa: E402
 
 pytestmark = [pytest.mark.ros, pytest.mark.slow]  # starts processes: the real tier
 REPO_ROOT = Path(__file__).resolve().parents[2]
-WAIT_S = 60.0  # generous: a wait that runs out means the outcome never came
 TOOLS = {"ask", "ground", "point", "verify", "count", "cameras", "snapshot"}
 
 
@@ -99,7 +98,7 @@ def test_snapshot_is_the_cameras_frame_as_an_image(node):
             node.publish(width=64, height=48)
             result = await client.call_tool("snapshot", {})
             return None if result.is_error else result
-        return await async_wait_until(shown, WAIT_S, "a snapshot", poll_s=0.2)
+        return await async_wait_until(shown, NEVER_S, "a snapshot", poll_s=0.2)
 
     result = with_client(body)
     [image] = result.content
@@ -125,12 +124,12 @@ def test_a_cancelled_tool_call_cancels_its_goal_and_the_engine_request(node):
     try:
         async def body(client):
             call = asyncio.create_task(client.call_tool("ask", {"question": "Long?"}))
-            [request_id] = await asyncio.to_thread(node.engine.wait_generating, 1, WAIT_S)
+            [request_id] = await asyncio.to_thread(node.engine.wait_generating, 1, NEVER_S)
             call.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await call
             await asyncio.to_thread(node.engine.wait_for, lambda e: request_id in e.aborted,
-                                    WAIT_S, "the cancelled call's engine request aborted")
+                                    NEVER_S, "the cancelled call's engine request aborted")
             return request_id
 
         assert with_client(body) in node.engine.aborted
@@ -178,7 +177,7 @@ def test_streamable_http_on_loopback_serves_the_sdk_client(node):
     proc = http_server("--port", str(port))
     try:
         url = f"http://127.0.0.1:{port}/mcp"
-        wait_until(lambda: http_status(url, {}) is not None, WAIT_S, "the server listening")
+        wait_until(lambda: http_status(url, {}) is not None, NEVER_S, "the server listening")
 
         async def body():
             async with mcp.Client(url) as client:
@@ -195,11 +194,11 @@ def test_streamable_http_off_loopback_needs_the_token(node):
     proc = http_server("--host", "0.0.0.0", "--port", str(port))  # no --token: one is made
     try:
         url = f"http://127.0.0.1:{port}/mcp"
-        wait_until(lambda: http_status(url, {}) is not None, WAIT_S, "the server listening")
+        wait_until(lambda: http_status(url, {}) is not None, NEVER_S, "the server listening")
         assert http_status(url, {}) == 401
         assert http_status(url, {"Authorization": "Bearer wrong"}) == 401
         line = wait_until(lambda: next((x for x in proc.stderr.readline().splitlines()
-                                        if "Bearer" in x), None), WAIT_S, "the token line")
+                                        if "Bearer" in x), None), NEVER_S, "the token line")
         token = line.rsplit("Bearer ", 1)[1].rstrip(")")
         assert http_status(url, {"Authorization": f"Bearer {token}"}) not in (None, 401)
     finally:

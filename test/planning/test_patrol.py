@@ -26,14 +26,13 @@ from geometry_msgs.msg import PoseStamped  # noqa: E402
 from inprocess_node import InProcessNode  # noqa: E402
 from patrol_process import patrol_until_a_pose  # noqa: E402
 from sensor_msgs.msg import CameraInfo, Image  # noqa: E402
-from waiting import wait_until  # noqa: E402
+from waiting import NEVER_S, wait_until  # noqa: E402
 
 from cosmos_reason_interfaces.msg import ReasoningResult  # noqa: E402
 from cosmos_reason_ros.core.types import ErrorCode  # noqa: E402
 
 pytestmark = [pytest.mark.ros, pytest.mark.slow]  # starts processes: the real tier
 REPO_ROOT = Path(__file__).resolve().parents[2]
-WAIT_S = 60.0  # generous: a wait that runs out means the outcome never came
 W, H = 64, 48
 K = (60.0, 0.0, 32.0, 0.0, 60.0, 24.0, 0.0, 0.0, 1.0)  # principal point at the image centre
 # Reason2 boxes are 0-1000 per axis: pixels 16..48 x 12..36, centred on the principal point.
@@ -87,7 +86,7 @@ def test_patrol_reports_the_obstacle_in_pixels_without_depth(nodes):
     assert run.stdout.splitlines() == [
         "cycle 1: not clear (no: A pallet blocks the aisle.); obstacle 'pallet' at pixels "
         "(16, 12, 48, 36), not lifted to 3D: no pose to publish"]
-    n.wait_result(lambda m: m.task == "ground", WAIT_S)
+    n.wait_result(lambda m: m.task == "ground", NEVER_S)
     assert [m.task for m in n.results] == ["verify", "ground"]
 
 
@@ -118,7 +117,7 @@ def test_patrol_publishes_the_obstacle_pose_with_depth(nodes):
 
     def lifting() -> None:  # the node lifts once depth and CameraInfo have arrived
         wait_until(lambda: n.ask(task="ground", targets=["pallet"])[1].lift_code
-                   == ReasoningResult.LIFT_OK, WAIT_S, "a lifted box", poll_s=0.2)
+                   == ReasoningResult.LIFT_OK, NEVER_S, "a lifted box", poll_s=0.2)
 
     out, _ = patrol_until_a_pose(poses, rgbd_frame, 0.1, ready=lifting)
     pose = poses[0]

@@ -41,7 +41,7 @@ from node_process import NodeProcess, rgb_image_msg, scene  # noqa: E402
 from PIL import Image as PILImage  # noqa: E402
 from rclpy.serialization import serialize_message  # noqa: E402
 from sensor_msgs.msg import CompressedImage, Image  # noqa: E402
-from waiting import DISCOVERY_S, wait_until  # noqa: E402
+from waiting import DISCOVERY_S, NEVER_S, wait_until  # noqa: E402
 
 from cosmos_reason_interfaces.action import Reason  # noqa: E402
 from cosmos_reason_ros.client import ReasonClient, ReasonResult  # noqa: E402
@@ -225,7 +225,7 @@ def ask_next_frame(io, frame: Callable[[], object], g: Goal | None = None) -> Re
 
     g = g or goal(source=Goal.SOURCE_NEXT, wait_for_image_s=10.0)
     handle = io.client.submit(g, on_feedback)
-    assert waiting.wait(30), "the goal never reached waiting_for_image"
+    assert waiting.wait(NEVER_S), "the goal never reached waiting_for_image"
     deadline = time.monotonic() + 30
     while not handle.future.done() and time.monotonic() < deadline:
         payload = frame()
@@ -233,7 +233,7 @@ def ask_next_frame(io, frame: Callable[[], object], g: Goal | None = None) -> Re
             payload.header.stamp = rclpy.time.Time(nanoseconds=now_ns(io)).to_msg()
         io.camera.publish(payload)
         time.sleep(0.05)  # paces: a 20 fps camera, until the goal that waits for it ends
-    return handle.result(30)
+    return handle.result(NEVER_S)
 
 
 @dataclass(frozen=True)
@@ -248,7 +248,7 @@ class Case:
 
 
 def via_goal(make: Callable[[], Goal]) -> Callable[[object], ReasonResult]:
-    return lambda io: io.client.run(make(), 60)
+    return lambda io: io.client.run(make(), NEVER_S)
 
 
 def via_camera(frame: Callable[[], object]) -> Callable[[object], ReasonResult]:

@@ -37,6 +37,7 @@ from node_process import (  # noqa: E402
     rgb_image_msg,
     scene,
 )
+from waiting import NEVER_S  # noqa: E402
 
 from cosmos_reason_interfaces.action import Reason  # noqa: E402
 from cosmos_reason_ros.client import (  # noqa: E402
@@ -128,12 +129,12 @@ def test_fresh_clients_used_at_once_get_every_goal_answered(served):
     # calls wait longer than the client's delivery_timeout_s (30 s), so a goal lost on the way
     # fails the test as 'not_delivered' naming the lost hop, not as a bare TimeoutError.
     calls = [
-        lambda c: c.ask("What is this?", timeout_s=60.0, **fields),
-        lambda c: c.ground(["red cup"], timeout_s=60.0, **fields),
-        lambda c: c.point(["red cup"], timeout_s=60.0, **fields),
-        lambda c: c.verify("A cup is there.", timeout_s=60.0, **fields),
-        lambda c: c.trajectory("Pick up the cup.", timeout_s=60.0, **fields),
-        lambda c: c.run(c.goal("Describe it.", **fields), timeout_s=60.0),
+        lambda c: c.ask("What is this?", timeout_s=NEVER_S, **fields),
+        lambda c: c.ground(["red cup"], timeout_s=NEVER_S, **fields),
+        lambda c: c.point(["red cup"], timeout_s=NEVER_S, **fields),
+        lambda c: c.verify("A cup is there.", timeout_s=NEVER_S, **fields),
+        lambda c: c.trajectory("Pick up the cup.", timeout_s=NEVER_S, **fields),
+        lambda c: c.run(c.goal("Describe it.", **fields), timeout_s=NEVER_S),
         lambda c: c.run_async(c.goal("Describe it.", **fields)).result(60.0),
         lambda c: c.submit(c.goal("Describe it.", **fields)).result(60.0),
     ]
@@ -224,7 +225,7 @@ def test_a_goal_without_a_feedback_callback_asks_the_node_for_none(node, monkeyp
     goal = ReasonClient.goal("What is here?")
     seen: list = []
     with ReasonClient() as client:
-        assert client.run(goal, 30).ok
+        assert client.run(goal, NEVER_S).ok
         assert client.run(goal, 30, on_feedback=seen.append).ok
     assert levels == [Goal.FEEDBACK_NONE, Goal.FEEDBACK_ALL]
     assert goal.feedback == Goal.FEEDBACK_ALL  # the caller's goal is left as it was
@@ -299,7 +300,7 @@ def test_a_goal_whose_goal_response_is_lost_is_accepted_from_the_status(node, mo
     node.wait_frames(1)
     with ReasonClient() as client:
         drop_calls(client, monkeypatch, "_on_goal_response")  # every goal response "lost"
-        result = client.ask("What is here?", timeout_s=60.0)
+        result = client.ask("What is here?", timeout_s=NEVER_S)
     assert result.ok, f"{result.status} {result.error_message}"
     delivery = result.delivery
     assert delivery is not None
@@ -314,7 +315,7 @@ def test_a_lost_result_response_is_asked_for_again(node, monkeypatch):
     node.wait_frames(1)
     with ReasonClient() as client:
         dropped = drop_calls(client, monkeypatch, "_on_result_response", first=1)
-        result = client.ask("What is here?", timeout_s=60.0)
+        result = client.ask("What is here?", timeout_s=NEVER_S)
     assert result.ok, f"{result.status} {result.error_message}"
     assert len(dropped) == 1
     assert result.delivery is not None and result.delivery.result_requests >= 2
@@ -326,7 +327,7 @@ def test_a_result_that_never_arrives_ends_not_delivered_naming_the_hop(node, mon
     node.wait_frames(1)
     with ReasonClient(delivery_timeout_s=3.0) as client:
         drop_calls(client, monkeypatch, "_on_result_response")  # every result response "lost"
-        result = client.ask("What is here?", timeout_s=60.0)
+        result = client.ask("What is here?", timeout_s=NEVER_S)
     assert (result.status, result.error_code) == ("not_delivered", ErrorCode.NOT_DELIVERED)
     assert not result.ok
     assert result.error_message.startswith("result response not delivered: the goal ended "
@@ -349,7 +350,7 @@ def test_an_accepted_goal_whose_end_never_shows_ends_not_delivered_after_its_lim
         monkeypatch.setattr(client._client, "status_observer", lambda msg: None)
         drop_calls(client, monkeypatch, "_on_result_response")
         goal = ReasonClient.goal("What is here?", timeout_s=1.0)
-        result = client.run(goal, timeout_s=60.0)  # 60 s: "never"; it ends after ~2 s
+        result = client.run(goal, timeout_s=NEVER_S)  # it ends after ~2 s
     assert (result.status, result.error_code) == ("not_delivered", ErrorCode.NOT_DELIVERED)
     assert result.error_message.startswith("result not delivered: the goal was accepted ")
     assert "its time limit (timeout_s=1) has passed" in result.error_message
@@ -430,7 +431,7 @@ def test_a_feedback_callback_that_raises_loses_no_goal(node):
     with ReasonClient() as client:
         first = client.submit(client.goal("What is here?", feedback=Goal.FEEDBACK_STAGES), broken)
         assert first.result(60.0).ok  # its own result still comes
-        assert client.ask("And now?", timeout_s=60.0).ok  # the client still serves goals
+        assert client.ask("And now?", timeout_s=NEVER_S).ok  # the client still serves goals
     assert calls  # the callback ran (and raised) on the client's spin thread
 
 
@@ -449,7 +450,7 @@ def test_a_lost_goal_request_is_sent_again_with_the_same_id(node, monkeypatch):
     node.publish()
     node.wait_frames(1)
     with ReasonClient() as client:
-        result = client.ask("What is here?", timeout_s=60.0)
+        result = client.ask("What is here?", timeout_s=NEVER_S)
     assert result.ok, f"{result.status} {result.error_message}"
     assert len(sent) >= 2 and len(set(sent)) == 1  # one goal, asked for again
     assert result.delivery is not None and result.delivery.goal_requests == len(sent)

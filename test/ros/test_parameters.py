@@ -31,7 +31,7 @@ from rcl_interfaces.srv import (  # noqa: E402
 )
 from rclpy.context import Context  # noqa: E402
 from rclpy.parameter import Parameter  # noqa: E402
-from waiting import DISCOVERY_S  # noqa: E402
+from waiting import DISCOVERY_S, NEVER_S  # noqa: E402
 
 from cosmos_reason_ros.config import (  # noqa: E402
     PARAMS,
@@ -330,7 +330,7 @@ def call(side: Any, srv: type, name: str, request: Any) -> Any:
         # The side node's executor spins in its own thread and completes the rclpy future.
         waiter: concurrent.futures.Future = concurrent.futures.Future()
         client.call_async(request).add_done_callback(lambda f: waiter.set_result(f.result()))
-        return waiter.result(timeout=30.0)
+        return waiter.result(timeout=NEVER_S)
     finally:
         side.node.destroy_client(client)
 
@@ -399,7 +399,7 @@ def test_process_given_a_file_for_another_node_name_stops_at_start(tmp_path):
     proc = NodeProcess(str(old_style.with_suffix("")), {"engine.model": HUB_MODEL},
                        remaps=["__ns:=/robot1"])
     try:
-        code = proc.proc.wait(60)
+        code = proc.proc.wait(NEVER_S)
     finally:
         proc.stop()
     assert code == 2, proc.output[-3000:]

@@ -13,7 +13,7 @@ import threading
 import uuid
 
 import pytest
-from waiting import DISCOVERY_S
+from waiting import DISCOVERY_S, NEVER_S
 
 from cosmos_reason_ros.config import PARAMS_BY_NAME
 from cosmos_reason_ros.core import prompts
@@ -130,7 +130,7 @@ def test_key_given_as_a_parameter_stops_the_node_without_echoing_it():
 
     proc = NodeProcess("remote_server", {"engine.api_key_env": SECRET})
     try:
-        assert proc.proc.wait(60) == 2, proc.output[-2000:]
+        assert proc.proc.wait(NEVER_S) == 2, proc.output[-2000:]
     finally:
         proc.stop()
     assert "api_key_env must be the NAME of an environment variable" in proc.output
