@@ -31,7 +31,7 @@ from console_client import WAIT_S, console_session, next_json, next_picture  # n
 from console_process import ConsoleProcess  # noqa: E402
 from fake_engine import Script, answers_the_task, request_text  # noqa: E402
 from inprocess_node import InProcessNode, image_msg  # noqa: E402
-from waiting import async_wait_until  # noqa: E402
+from waiting import NEVER_S, async_wait_until  # noqa: E402
 
 from cosmos_reason_ros.console import server  # noqa: E402
 from cosmos_reason_ros.core import prompts  # noqa: E402
@@ -85,7 +85,7 @@ class Camera:
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
-        self._thread.join(5.0)
+        self._thread.join(NEVER_S)
 
 
 async def with_console(test: Callable[[server.Console, TestClient], Awaitable[None]],

@@ -119,7 +119,7 @@ class DemoCamera:
 
     def close(self) -> None:
         self._stop.set()
-        self._thread.join(5.0)
+        self._thread.join(NEVER_S)
         self.side.close()
 
 

@@ -1,6 +1,7 @@
 import threading
 
 import pytest
+from waiting import NEVER_S
 
 from cosmos_reason_ros.core.admission import GoalSlots
 from cosmos_reason_ros.core.types import OverloadedError
@@ -44,7 +45,7 @@ def test_running_slots_are_handed_over_in_arrival_order():
     assert slots.queued == 2
     slots.release()
     for t in threads:
-        t.join(5.0)
+        t.join(NEVER_S)
     assert order == [0, 1]
 
 
@@ -78,5 +79,5 @@ def test_a_waiter_stopped_when_the_slot_frees_does_not_take_it():
         pass
     stop.set()
     slots.release()
-    waiter.join(5.0)
+    waiter.join(NEVER_S)
     assert got == [False] and slots.running == 0

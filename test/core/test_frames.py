@@ -7,6 +7,7 @@ import threading
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from waiting import NEVER_S
 
 from cosmos_reason_ros.core.frames import FrameHistory, StoredFrame
 from cosmos_reason_ros.core.types import ImageTooOldError, NoImageError
@@ -131,7 +132,7 @@ def test_wait_for_next_returns_a_frame_published_by_another_thread() -> None:
     start = threading.Event()
 
     def publish() -> None:
-        start.wait(5)
+        start.wait(NEVER_S)
         history.append("too early", 2 * NS, nbytes=1, received_ns=2 * NS)
         history.append("next", 3 * NS, nbytes=1, received_ns=3 * NS)
         history.append("later", 4 * NS, nbytes=1, received_ns=4 * NS)
@@ -140,7 +141,7 @@ def test_wait_for_next_returns_a_frame_published_by_another_thread() -> None:
     thread.start()
     start.set()
     frame = history.wait_for_next(after_ns=2 * NS, timeout_s=5)
-    thread.join(5)
+    thread.join(NEVER_S)
     assert frame is not None and frame.payload == "next"
 
 
@@ -181,7 +182,7 @@ def test_wait_for_next_without_after_ns_sees_frames_appended_later() -> None:
 
     thread = threading.Thread(target=wait)
     thread.start()
-    waiting.wait(5)
+    waiting.wait(NEVER_S)
     # The waiter may not have captured its starting point yet: keep publishing until it
     # returns (each append wakes it; no sleeps).
     i = 1
@@ -189,7 +190,7 @@ def test_wait_for_next_without_after_ns_sees_frames_appended_later() -> None:
         history.append(i, 1 + i, nbytes=1)
         thread.join(0.001)
         i += 1
-    thread.join(5)
+    thread.join(NEVER_S)
     assert result and result[0] is not None and result[0].payload >= 1
 
 
@@ -212,7 +213,7 @@ def test_wait_for_next_after_a_clock_reset_returns_new_frames() -> None:
         history.append(i, stamp, nbytes=1, received_ns=stamp if stamp < 100 * NS else 50)
         done.wait(0.001)
         i += 1
-    thread.join(5)
+    thread.join(NEVER_S)
     assert result and result[0] is not None
     assert history.stats().resets >= 1
 
@@ -223,7 +224,7 @@ def test_close_wakes_waiters() -> None:
     thread = threading.Thread(target=lambda: result.__setitem__(0, history.wait_for_next()))
     thread.start()
     history.close()
-    thread.join(5)
+    thread.join(NEVER_S)
     assert not thread.is_alive() and result[0] is None
 
 
@@ -238,7 +239,7 @@ def test_concurrent_appends_keep_counters_consistent() -> None:
     for t in threads:
         t.start()
     for t in threads:
-        t.join(10)
+        t.join(NEVER_S)
     stats = history.stats()
     assert stats.received == 2000
     assert stats.frames + stats.evicted + stats.cleared == 2000

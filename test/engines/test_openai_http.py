@@ -550,7 +550,7 @@ async def wait_health(engine: OpenAIServerEngine, state: EngineState) -> None:
     async def reached() -> bool:  # the engine's own health loop (0.2 s period) notices
         return engine.health().state == state
 
-    await async_wait_until(reached, 30.0, f"engine never {state.value}")
+    await async_wait_until(reached, NEVER_S, f"engine never {state.value}")
 
 
 def test_primary_serves_while_healthy_fallback_while_not_and_primary_again_on_recovery() -> None:
@@ -686,7 +686,7 @@ def test_stalled_stream_hits_read_timeout() -> None:
                 # The server never ends the stream: only the read timeout can end the request
                 # (the outer 60 s means it never did).
                 with pytest.raises(EngineUnavailableError, match="stalled"):
-                    await asyncio.wait_for(collect(engine, image_request()), 60)
+                    await asyncio.wait_for(collect(engine, image_request()), NEVER_S)
             finally:
                 released.set()
     run(body())
@@ -765,7 +765,7 @@ def test_server_ignoring_max_tokens_ends_with_length_and_a_disconnect(
     async def body() -> None:
         endless = EndlessChat(kind)
         async with FakeServer(endless) as fake, engine_for(fake_cfg(fake)) as engine:
-            chunks = await asyncio.wait_for(collect(engine, image_request(max_tokens=16)), 30)
+            chunks = await asyncio.wait_for(collect(engine, image_request(max_tokens=16)), NEVER_S)
             ended_at = time.monotonic()
             # The server sees the client go away (vLLM aborts the request on a disconnect).
             await asyncio.wait_for(endless.gone.wait(), NEVER_S)
@@ -833,7 +833,7 @@ def test_warm_up_against_a_server_ignoring_max_tokens_finishes_promptly(
             try:
                 t0 = time.monotonic()
                 # Unbounded, the warm-up would read until request_timeout_s (600 s).
-                await asyncio.wait_for(engine.start(), 30)
+                await asyncio.wait_for(engine.start(), NEVER_S)
                 took = time.monotonic() - t0
                 await asyncio.wait_for(endless.gone.wait(), NEVER_S)
                 assert fake.bodies[0]["max_tokens"] == 1
@@ -1021,7 +1021,7 @@ def test_cancel_stops_the_request_on_the_server(server: VllmServer, key_env: str
                             first.set()
 
                 task = asyncio.create_task(consume())
-                await asyncio.wait_for(first.wait(), 120)
+                await asyncio.wait_for(first.wait(), NEVER_S)
             rate = len(received) / (time.monotonic() - t_start)  # tokens/s, prefill included
             assert await running_requests(server.root) == 1
             if how == "aclose":
@@ -1034,7 +1034,7 @@ def test_cancel_stops_the_request_on_the_server(server: VllmServer, key_env: str
             else:
                 assert task is not None
                 await engine.abort(request.request_id)
-                await asyncio.wait_for(task, 30)
+                await asyncio.wait_for(task, NEVER_S)
                 assert received[-1].finish_reason == FinishReason.CANCELLED
             idle_after = await wait_idle(server.root, 60)
             remaining = (1800 - len(received)) / rate  # how long the request had left

@@ -153,7 +153,7 @@ def http_server(*args: str) -> subprocess.Popen:
 def stop(proc: subprocess.Popen) -> None:
     proc.send_signal(signal.SIGINT)
     try:
-        proc.communicate(timeout=30)
+        proc.communicate(timeout=NEVER_S)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.communicate()

@@ -38,7 +38,7 @@ def node():
                                     "engine.url": "http://127.0.0.1:9/v1",
                                     "engine.start_timeout_s": 1.0,
                                     "limits.result_keep_s": KEEP_S})
-    proc.wait_ready(120)
+    proc.wait_ready(NEVER_S)
     yield proc
     proc.stop_cleanly()
 

@@ -65,9 +65,9 @@ def test_client_of_a_missing_node_fails_within_its_timeout_naming_the_server():
     action = missing_action()
     with ReasonClient(action) as client, concurrent.futures.ThreadPoolExecutor(1) as pool:
         call = pool.submit(client.ground, ["red cup"], timeout_s=1.0)
-        # The call ends by itself: no silent wait past its timeout (60 s here means "never").
+        # The call ends by itself: no silent wait past its timeout.
         with pytest.raises(ServerUnavailableError) as caught:
-            call.result(timeout=60.0)
+            call.result(timeout=NEVER_S)
     # It gave up on the server for the call's own timeout, and says so.
     assert str(caught.value).startswith(f"action server {action} not available after 1 s")
     assert caught.value.action_name == action and caught.value.timeout_s == 1.0
@@ -84,7 +84,7 @@ def test_future_of_a_missing_node_fails_after_the_server_timeout():
         future = client.run_async(client.goal("q"), server_timeout_s=0.5)
         for failed in (handle.future, future):
             with pytest.raises(ServerUnavailableError, match="not available after 0.5 s"):
-                failed.result(timeout=10.0)
+                failed.result(timeout=NEVER_S)
         assert not handle.sent
 
 
@@ -92,13 +92,13 @@ def test_goal_cancelled_or_closed_while_waiting_for_the_server_is_never_sent():
     client = ReasonClient(missing_action())
     cancelled = client.submit(client.goal("q"), server_timeout_s=None)
     cancelled.cancel()
-    result = cancelled.result(10.0)
+    result = cancelled.result(NEVER_S)
     assert result.status == "canceled" and result.error_code is ErrorCode.CANCELLED
     assert "never sent" in result.error_message and not cancelled.sent
     pending = client.submit(client.goal("q"), server_timeout_s=None)
     client.close()  # must not leave the future hanging forever
     with pytest.raises(RuntimeError, match="closed while the goal waited"):
-        pending.result(10.0)
+        pending.result(NEVER_S)
     assert not pending.sent
 
 
@@ -135,8 +135,8 @@ def test_fresh_clients_used_at_once_get_every_goal_answered(served):
         lambda c: c.verify("A cup is there.", timeout_s=NEVER_S, **fields),
         lambda c: c.trajectory("Pick up the cup.", timeout_s=NEVER_S, **fields),
         lambda c: c.run(c.goal("Describe it.", **fields), timeout_s=NEVER_S),
-        lambda c: c.run_async(c.goal("Describe it.", **fields)).result(60.0),
-        lambda c: c.submit(c.goal("Describe it.", **fields)).result(60.0),
+        lambda c: c.run_async(c.goal("Describe it.", **fields)).result(NEVER_S),
+        lambda c: c.submit(c.goal("Describe it.", **fields)).result(NEVER_S),
     ]
 
     def loop(worker: int) -> list[tuple[int, ReasonResult]]:
@@ -177,7 +177,7 @@ def generating_burst(client: ReasonClient) -> list:
     started = [threading.Event() for _ in range(BURST)]
     handles = [client.submit(client.goal("Write.", max_tokens=4000),
                              lambda fb, e=e: fb.text_delta and e.set()) for e in started]
-    assert all(e.wait(60) for e in started), "not every goal started generating"
+    assert all(e.wait(NEVER_S) for e in started), "not every goal started generating"
     return handles
 
 
@@ -194,7 +194,7 @@ def test_a_burst_of_cancels_goes_out_from_the_spin_thread(endless, monkeypatch):
         handles = generating_burst(client)
         for h in handles:
             h.cancel()
-        results = [h.result(30) for h in handles]
+        results = [h.result(NEVER_S) for h in handles]
         assert [(r.status, r.error_code) for r in results] == \
             [("canceled", ErrorCode.CANCELLED)] * BURST
         # Each goal got a cancel, all from the spin thread (a cancel the node has not taken
@@ -226,7 +226,7 @@ def test_a_goal_without_a_feedback_callback_asks_the_node_for_none(node, monkeyp
     seen: list = []
     with ReasonClient() as client:
         assert client.run(goal, NEVER_S).ok
-        assert client.run(goal, 30, on_feedback=seen.append).ok
+        assert client.run(goal, NEVER_S, on_feedback=seen.append).ok
     assert levels == [Goal.FEEDBACK_NONE, Goal.FEEDBACK_ALL]
     assert goal.feedback == Goal.FEEDBACK_ALL  # the caller's goal is left as it was
     assert "queued" in [fb.stage for fb in seen]
@@ -251,7 +251,7 @@ def test_readme_python_example_runs_as_printed(node):
         # A fresh interpreter, as a user would run it; the README's own default timeouts
         # (120 s) would only hide a lost goal, so the run gets a shorter limit.
         run = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True,
-                             text=True, timeout=90)
+                             text=True, timeout=NEVER_S)
     finally:
         stop.set()
         camera.join()
@@ -384,7 +384,7 @@ def deaf_server():
 def test_a_goal_never_seen_by_the_server_ends_not_delivered_naming_the_hop(deaf_server):
     with ReasonClient(deaf_server, delivery_timeout_s=1.0) as client:
         handle = client.submit(client.goal("q"), server_timeout_s=30.0)
-        result = handle.result(60.0)  # 60 s: "never"; it ends after delivery_timeout_s
+        result = handle.result(NEVER_S)  # it ends after delivery_timeout_s
         assert handle.sent  # the server was discovered and the request went out
     assert (result.status, result.error_code) == ("not_delivered", ErrorCode.NOT_DELIVERED)
     assert result.error_message.startswith(
@@ -412,7 +412,7 @@ def test_a_client_held_past_its_delivery_timeout_asks_again_before_giving_up(dea
 
         monkeypatch.setattr(client, "_send_goal_request", send_then_hold)
         handle = client.submit(client.goal("q"), server_timeout_s=30.0)
-        result = handle.result(60.0)  # 60 s: "never"; it ends a delivery timeout after the hold
+        result = handle.result(NEVER_S)  # it ends a delivery timeout after the hold
     assert (result.status, result.error_code) == ("not_delivered", ErrorCode.NOT_DELIVERED)
     assert result.delivery is not None
     # Without the hold credited: not delivered at the first look after it, one request sent.
@@ -430,7 +430,7 @@ def test_a_feedback_callback_that_raises_loses_no_goal(node):
 
     with ReasonClient() as client:
         first = client.submit(client.goal("What is here?", feedback=Goal.FEEDBACK_STAGES), broken)
-        assert first.result(60.0).ok  # its own result still comes
+        assert first.result(NEVER_S).ok  # its own result still comes
         assert client.ask("And now?", timeout_s=NEVER_S).ok  # the client still serves goals
     assert calls  # the callback ran (and raised) on the client's spin thread
 
@@ -473,9 +473,9 @@ def test_a_lost_cancel_request_is_sent_again_until_the_status_shows_it(endless, 
     with ReasonClient() as client:
         handle = client.submit(client.goal("Write.", max_tokens=4000),
                                lambda fb: fb.text_delta and generating.set())
-        assert generating.wait(60), "the goal did not start generating"
+        assert generating.wait(NEVER_S), "the goal did not start generating"
         handle.cancel()
-        result = handle.result(60.0)  # without the repeat the goal would generate on
+        result = handle.result(NEVER_S)  # without the repeat the goal would generate on
     assert (result.status, result.error_code) == ("canceled", ErrorCode.CANCELLED)
     assert result.delivery is not None and result.delivery.cancel_requests >= 2
     assert len(calls) >= 2

@@ -178,7 +178,7 @@ class Robot:
         self.client: ReasonClient | None = None
 
     def connect(self) -> None:
-        self.node.wait_ready(120)
+        self.node.wait_ready(NEVER_S)
         self.side = SpunNode(f"{self.name}_io")
         self.camera = self.side.node.create_publisher(Image, f"/{self.name}/camera", 10)
         self.side.node.create_subscription(DiagnosticArray, "/diagnostics", self._on_diag, 10)

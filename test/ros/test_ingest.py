@@ -37,7 +37,7 @@ def renamed_node():
                                     "image.qos_reliability": "reliable",
                                     "diagnostics.period_s": 0.2},
                        remaps=[f"__node:={NAME}", f"image:={TOPIC}"])
-    proc.wait_ready(120)
+    proc.wait_ready(NEVER_S)
     yield proc
     proc.stop_cleanly()
 

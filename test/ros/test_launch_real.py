@@ -42,6 +42,7 @@ from node_process import (  # noqa: E402
     signal_state,
 )
 from spun_node import SpunNode  # noqa: E402
+from waiting import NEVER_S  # noqa: E402
 
 pytestmark = [pytest.mark.ros]
 
@@ -184,7 +185,7 @@ def test_children_spawned_under_a_console_script_run_the_entry_module(tmp_path, 
         [str(tmp_path), str(Path(__file__).resolve().parents[2]),
          os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run([sys.executable, str(tmp_path / "wrapper"), "fix" if fix else "-"],
-                          capture_output=True, text=True, env=env, timeout=180, check=False)
+                          capture_output=True, text=True, env=env, timeout=NEVER_S, check=False)
     assert done.returncode == 0, done.stderr
     # Without it the child runs the wrapper (no spec): the node's guard would never be armed.
     expected = "entry_module" if fix else "None"

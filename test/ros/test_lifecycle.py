@@ -53,7 +53,7 @@ from rclpy.lifecycle import TransitionCallbackReturn  # noqa: E402
 from rclpy.parameter import Parameter as NodeParameter  # noqa: E402
 from sensor_msgs.msg import Image  # noqa: E402
 from spun_node import SpinThread, SpunNode  # noqa: E402
-from waiting import DISCOVERY_S, wait_until  # noqa: E402
+from waiting import DISCOVERY_S, NEVER_S, wait_until  # noqa: E402
 
 from cosmos_reason_interfaces.action import Reason  # noqa: E402
 from cosmos_reason_interfaces.msg import ReasoningResult  # noqa: E402
@@ -150,7 +150,7 @@ def test_node_under_a_manager_walks_the_lifecycle_with_the_real_engine(tiny_qwen
         long_goal = client.submit(
             client.goal("Describe it.", max_tokens=1500, response_schema=text_schema(1200)),
             on_feedback=lambda fb: started.set() if fb.stage == "generating" else None)
-        assert started.wait(60.0), proc.output[-3000:]
+        assert started.wait(NEVER_S), proc.output[-3000:]
         deactivated: dict[str, object] = {}
         deactivating = threading.Thread(target=lambda: deactivated.update(zip(
             ("ok", "s"), manager.transition(Transition.TRANSITION_DEACTIVATE), strict=True)))
@@ -158,10 +158,10 @@ def test_node_under_a_manager_walks_the_lifecycle_with_the_real_engine(tiny_qwen
         assert proc.wait_for_line("lifecycle: deactivate from", 30.0)
         refused = client.ask("Anything?", max_tokens=8)
         assert refused.status == "rejected"
-        deactivating.join(120.0)
+        deactivating.join(NEVER_S)
         assert deactivated["ok"], proc.output[-3000:]
         times["deactivate (goal running)"] = float(deactivated["s"])  # type: ignore[arg-type]
-        finished = long_goal.result(60.0)
+        finished = long_goal.result(NEVER_S)
         assert finished.ok, finished.error_message
         assert manager.state() == "inactive"
         refusals = [r for r in results if r.error_code == ErrorCode.ENGINE_UNAVAILABLE
@@ -179,7 +179,7 @@ def test_node_under_a_manager_walks_the_lifecycle_with_the_real_engine(tiny_qwen
         assert ok
         ok, times["cleanup"] = manager.transition(Transition.TRANSITION_CLEANUP)
         assert ok and manager.state() == "unconfigured"
-        wait_until(lambda: not _alive(engine_processes), 60,
+        wait_until(lambda: not _alive(engine_processes), NEVER_S,
                    "engine processes alive after cleanup")
         # Reaped by the cleanup itself: no <defunct> child is left waiting for a later start.
         zombies = [(p.pid, p.name()) for p in node_process.children()
@@ -221,7 +221,7 @@ def generating(n: InProcessNode, prompt: str):
     feedback: list = []
     handle = n.send(feedback, prompt=prompt)
     assert handle.accepted
-    wait_until(lambda: any(fb.stage == "generating" for fb in feedback), 60,
+    wait_until(lambda: any(fb.stage == "generating" for fb in feedback), NEVER_S,
                "the goal never generated")
     return handle
 
@@ -239,7 +239,7 @@ def test_deactivate_with_cancel_stops_running_goals_refuses_new_ones_and_activat
     deactivate = threading.Thread(target=lambda: returned.append(n.node.trigger_deactivate()),
                                   daemon=True)
     deactivate.start()
-    deactivate.join(60.0)
+    deactivate.join(NEVER_S)
     assert returned == [SUCCESS], "deactivate waited for the goal instead of stopping it"
     status, result = n.result(running)
     assert status == GoalStatus.STATUS_ABORTED
@@ -286,7 +286,7 @@ def test_shutdown_from_active_ends_a_running_goal_as_a_shutdown(started):
     shutdown = threading.Thread(target=lambda: returned.append(n.node.trigger_shutdown()))
     shutdown.start()
     status, result = n.result(running)
-    shutdown.join(60.0)
+    shutdown.join(NEVER_S)
     assert returned == [SUCCESS]
     assert status == GoalStatus.STATUS_ABORTED
     assert result.error_code == ErrorCode.ENGINE_UNAVAILABLE
@@ -317,7 +317,7 @@ def test_diagnostics_report_the_state_while_inactive(started):
     n = started()
     assert n.node.trigger_deactivate() == SUCCESS
     status = wait_until(lambda: _state(n.next_diagnostics()) == "inactive" and n.diagnostics[-1],
-                        60, "no /diagnostics with lifecycle_state inactive")
+                        NEVER_S, "no /diagnostics with lifecycle_state inactive")
     assert "lifecycle state inactive" in status.message
 
 
@@ -381,7 +381,7 @@ def test_a_manager_walks_the_node_through_every_state_with_diagnostics_throughou
 
         def reported(state: str) -> None:
             seen = len(states)
-            wait_until(lambda: state in states[seen:], 60, f"/diagnostics never said {state}")
+            wait_until(lambda: state in states[seen:], NEVER_S, f"/diagnostics never said {state}")
 
         assert manager.state() == "unconfigured"
         reported("unconfigured")
@@ -484,7 +484,7 @@ def test_ros2_lifecycle_set_walks_the_served_node_and_ros2_param_sets_use_sim_ti
                 assert use_sim_time.capitalize() in ros2("param", "get", f"/{name}",
                                                          "use_sim_time")
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(60) == 0
+        assert proc.wait(NEVER_S) == 0
     finally:
         # The served node first: whatever happens to this process next, none outlives it.
         if proc.poll() is None:
@@ -504,9 +504,9 @@ def test_sigterm_during_activate_ends_the_engine_start_and_its_processes(tmp_pat
         assert ok
         manager.change.call_async(ChangeState.Request(
             transition=Transition(id=Transition.TRANSITION_ACTIVATE)))  # never answered
-        assert tree.wait_for(lambda t: t.spawned(1), 120), tree.names()  # activate under way
+        assert tree.wait_for(lambda t: t.spawned(1), NEVER_S), tree.names()  # activate under way
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(60) == 0
+        assert proc.wait(NEVER_S) == 0
         survivors = tree.survivors_after(10.0)
         assert not survivors, [p.pid for p in survivors]
     finally:

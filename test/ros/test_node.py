@@ -194,12 +194,12 @@ def test_next_frame_waits_for_a_frame_after_acceptance(io):
         io.client.goal("What changed?", source=Goal.SOURCE_NEXT, wait_for_image_s=60.0,
                        max_tokens=8),
         lambda fb: fb.stage == Feedback.STAGE_WAITING_FOR_IMAGE and waiting.set())
-    assert waiting.wait(60), "the goal never waited for a frame"
+    assert waiting.wait(NEVER_S), "the goal never waited for a frame"
     fresh_stamp = io.node.get_clock().now().nanoseconds
     while not handle.future.done() and io.published < 2000:
         io.publish(stamp_ns=fresh_stamp)
         time.sleep(0.05)  # paces: a 20 Hz camera, until the goal has its frame
-    result = handle.result(60)
+    result = handle.result(NEVER_S)
     assert result.ok, result.error_message
     stamp = result.message.header.stamp
     assert stamp.sec * 10**9 + stamp.nanosec == fresh_stamp
@@ -244,9 +244,9 @@ def test_cancel_mid_stream_ends_canceled_and_engine_serves_next(io):
 
     handle = io.client.submit(io.client.goal("Write a lot.", response_schema=ENDLESS_SCHEMA,
                                              max_tokens=ENDLESS_TOKENS), on_feedback)
-    assert generating.wait(60), "no generation feedback"
+    assert generating.wait(NEVER_S), "no generation feedback"
     handle.cancel()
-    result = handle.result(30)
+    result = handle.result(NEVER_S)
     assert result.status == "canceled", (result.status, result.error_message)
     assert result.error_code is ErrorCode.CANCELLED
     assert result.message.finish_reason == "cancelled"
@@ -254,7 +254,7 @@ def test_cancel_mid_stream_ends_canceled_and_engine_serves_next(io):
     with io.results_cond:
         seen = len(io.engine_running)
         assert io.results_cond.wait_for(
-            lambda: 0 in io.engine_running[seen:], 10), io.engine_running[seen:]
+            lambda: 0 in io.engine_running[seen:], NEVER_S), io.engine_running[seen:]
     io.publish_until_received()
     assert io.client.ask("next?", max_tokens=4).ok
 
@@ -263,7 +263,7 @@ def test_eight_concurrent_goals_all_succeed(io):
     io.publish_until_received()
     handles = [io.client.submit(io.client.goal(f"Question {i}?", max_tokens=16))
                for i in range(8)]
-    results = [h.result(120) for h in handles]
+    results = [h.result(NEVER_S) for h in handles]
     assert all(r.ok for r in results), [r.error_message for r in results if not r.ok]
     assert len({r.message.goal_id for r in results}) == 8
 
@@ -278,10 +278,10 @@ def test_goals_beyond_the_bounds_are_overloaded(io, node):
                                                max_image_age_s=300.0))
                for _ in range(20)]
     wait_until(lambda: sum(h.future.done() for h in handles) >= 20 - 12,  # 8 run, 4 queue
-               60, "the refusals did not come back")
+               NEVER_S, "the refusals did not come back")
     for h in handles:
         h.cancel()
-    results = [h.result(120) for h in handles]
+    results = [h.result(NEVER_S) for h in handles]
     codes = [r.error_code for r in results]
     assert codes.count(ErrorCode.OVERLOADED) == 20 - 12, codes
     assert codes.count(ErrorCode.CANCELLED) == 12, codes
@@ -291,7 +291,7 @@ def test_goals_beyond_the_bounds_are_overloaded(io, node):
     with io.results_cond:
         assert io.results_cond.wait_for(lambda: any(
             r.error_code == ErrorCode.OVERLOADED and "max_concurrent_goals=8" in r.error_message
-            for r in io.results), 10), [(r.error_code, r.error_message) for r in io.results]
+            for r in io.results), NEVER_S), [(r.error_code, r.error_message) for r in io.results]
     io.publish_until_received()  # the burst may outlast the frame's max age
     assert io.client.ask("after the burst?", max_tokens=4).ok
 
@@ -317,7 +317,7 @@ def test_bad_parameter_stops_the_node_with_a_message(tiny_qwen3_vl):
     proc = NodeProcess("cpu_demo", {"engine.model": str(tiny_qwen3_vl),
                                     "limits.max_concurrent_goals": 0})
     try:
-        assert proc.proc.wait(60) == 2
+        assert proc.proc.wait(NEVER_S) == 2
     finally:
         proc.stop()
     assert "limits.max_concurrent_goals=0" in proc.output
@@ -342,7 +342,7 @@ def test_clip_of_3_s_at_4_fps_from_a_15_hz_stream_uses_12_frames(io):
     # before the next, so a starved node cannot lose a frame.
     with io.results_cond:  # a fresh count: two diagnostics messages from now
         seen = len(io.engine_running)
-        assert io.results_cond.wait_for(lambda: len(io.engine_running) >= seen + 2, 10)
+        assert io.results_cond.wait_for(lambda: len(io.engine_running) >= seen + 2, NEVER_S)
         base = io.frames_received
     for burst in range(0, len(stamps), 10):
         for i in range(burst, burst + 10):
@@ -350,7 +350,7 @@ def test_clip_of_3_s_at_4_fps_from_a_15_hz_stream_uses_12_frames(io):
             time.sleep(1 / 60)  # paces: a 60 Hz camera
         with io.results_cond:
             assert io.results_cond.wait_for(
-                lambda b=burst: io.frames_received >= base + b + 10, 20), io.frames_received
+                lambda b=burst: io.frames_received >= base + b + 10, NEVER_S), io.frames_received
     result = io.client.run(io.client.goal("What happens?", source=Goal.SOURCE_CLIP,
                                           clip_duration_s=3.0, clip_fps=4.0, max_tokens=8,
                                           max_image_age_s=60.0))
@@ -388,7 +388,7 @@ def test_prompt_over_the_context_limit_is_prompt_too_long(io):
     with io.results_cond:  # published on ~/results like every other result
         assert io.results_cond.wait_for(lambda: any(
             m.goal_id == result.message.goal_id and m.error_code == ErrorCode.PROMPT_TOO_LONG
-            for m in io.results), 10)
+            for m in io.results), NEVER_S)
     after = io.client.run(io.client.goal("Describe it.", source=Goal.SOURCE_GOAL_IMAGE,
                                          image=rgb_image_msg(scene(64, 48, seed=9), 2),
                                          max_tokens=2), NEVER_S)

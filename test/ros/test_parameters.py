@@ -313,7 +313,7 @@ def robot1():
         "engine.start_timeout_s": 1.0}, remaps=["__ns:=/robot1"])
     side = None
     try:
-        proc.wait_ready(60)
+        proc.wait_ready(NEVER_S)
         side = SpunNode("parameters_test")
         yield proc, side
     finally:

@@ -59,7 +59,7 @@ def diag(n: InProcessNode) -> dict[str, str]:
 
 def wait_writer_matched(n: InProcessNode) -> None:
     # The writer's own view: a result published from now on is delivered to the test's reader.
-    wait_until(lambda: n.node.outputs.results.get_subscription_count() >= 1, 10.0,
+    wait_until(lambda: n.node.outputs.results.get_subscription_count() >= 1, waiting.NEVER_S,
                "~/results to match the test's subscription")
 
 
@@ -102,12 +102,12 @@ def test_diagnostics_count_a_periodic_run_only_once_its_result_is_published(make
 
     def held_publish(msg):
         publishing.set()
-        assert release.wait(5.0)
+        assert release.wait(waiting.NEVER_S)
         real_publish(msg)
 
     monkeypatch.setattr(n.node.outputs, "publish_result", held_publish)
     n.node.periodic.on_timer()
-    assert publishing.wait(5.0)
+    assert publishing.wait(waiting.NEVER_S)
     # The run is over but its result is not out yet: /diagnostics must not count it (the
     # soak compared a status counting it with a topic that did not have it yet).
     during = diag(n)

@@ -23,7 +23,7 @@ from rcl_interfaces.srv import SetParameters  # noqa: E402
 from rclpy.qos import QoSProfile, ReliabilityPolicy  # noqa: E402
 from sensor_msgs.msg import Image  # noqa: E402
 from spun_node import SpunNode  # noqa: E402
-from waiting import DISCOVERY_S, wait_until  # noqa: E402
+from waiting import DISCOVERY_S, NEVER_S, wait_until  # noqa: E402
 
 from cosmos_reason_ros.client import ReasonClient  # noqa: E402
 from cosmos_reason_ros.core import query  # noqa: E402
@@ -69,7 +69,7 @@ def io(node, tiny_qwen3_vl):
     test_node.create_subscription(DiagnosticArray, "/diagnostics", on_diag, 10)
     io.set_params = test_node.create_client(SetParameters, "/cosmos_reason/set_parameters")
     io.client = ReasonClient()  # own participant, as a planner's would be
-    assert io.client.wait_for_server(DISCOVERY_S) and io.set_params.wait_for_service(30)
+    assert io.client.wait_for_server(DISCOVERY_S) and io.set_params.wait_for_service(NEVER_S)
     assert side.wait_matched(io.camera), "the node's camera subscription was not found"
     io.seed = 100
 
@@ -91,7 +91,7 @@ def io(node, tiny_qwen3_vl):
             typed = ParameterValue(type=ParameterType.PARAMETER_DOUBLE, double_value=value)
         param = Parameter(name=name, value=typed)
         future = io.set_params.call_async(SetParameters.Request(parameters=[param]))
-        wait_until(future.done, 30.0, f"the node set {name}")
+        wait_until(future.done, NEVER_S, f"the node set {name}")
         return future.result().results[0]
 
     io.publish_new_frame, io.wait_diag, io.set_param = publish_new_frame, wait_diag, set_param
@@ -147,7 +147,7 @@ def test_no_prefill_starts_while_a_goal_runs(io):
                           > counter(busy, "prefill_skipped"))
     assert not handle.future.done(), "the goal ended before frames arrived: inconclusive"
     handle.cancel()
-    assert handle.result(60).status == "canceled"
+    assert handle.result(NEVER_S).status == "canceled"
     started_while_busy = (counter(during, "prefill_run") + counter(during, "prefill_aborted")
                           + counter(during, "prefill_failed")) - (
         counter(busy, "prefill_run") + counter(busy, "prefill_aborted")

@@ -141,7 +141,7 @@ def test_end_descendants_kills_the_tree_and_releases_its_shared_memory(tmp_path)
             all("resource_tracker" in " ".join(p.cmdline()) for p in tree.alive())
         assert not Path("/dev/shm", segment).exists()
         proc.kill()  # the parent exits; its resource tracker then has nothing left to clean
-        _, err = proc.communicate(timeout=30)
+        _, err = proc.communicate(timeout=NEVER_S)
         assert not tree.survivors_after(GRACE_S), tree.names()
         assert "leaked" not in err, err
     finally:
@@ -224,11 +224,11 @@ def test_release_delivers_the_aborted_result_of_every_accepted_goal(monkeypatch,
             "generating": n.send(feedback["generating"], prompt="Long.",
                                  source=Goal.SOURCE_GOAL_IMAGE, image=image_msg(1))}
         wait_until(lambda: any(f.stage == "waiting_for_image" for f in feedback["waiting"])
-                   and any(f.output_tokens > 0 for f in feedback["generating"]), 60,
+                   and any(f.output_tokens > 0 for f in feedback["generating"]), NEVER_S,
                    f"the first two goals not under way: {feedback}")
         handles["queued"] = n.send(feedback["queued"], prompt="Later?",
                                    source=Goal.SOURCE_GOAL_IMAGE, image=image_msg(2))
-        wait_until(lambda: any(f.stage == "queued" for f in feedback["queued"]), 60,
+        wait_until(lambda: any(f.stage == "queued" for f in feedback["queued"]), NEVER_S,
                    f"the third goal not queued: {feedback}")
         assert all(h.accepted for h in handles.values())
         closer.start()
@@ -236,7 +236,7 @@ def test_release_delivers_the_aborted_result_of_every_accepted_goal(monkeypatch,
             if name == "queued":
                 # Its goal has ended (the stop ended every goal); its result is asked for
                 # late, as a loaded client would, past the linger after the last request.
-                wait_until(lambda: not (n.node.slots.running or n.node.slots.queued), 10.0,
+                wait_until(lambda: not (n.node.slots.running or n.node.slots.queued), NEVER_S,
                            "the stop ended every goal")
                 time.sleep(3 * SHUTDOWN_RESULTS_LINGER_S)  # paces: a client that asks late
             try:
@@ -257,7 +257,7 @@ def test_release_delivers_the_aborted_result_of_every_accepted_goal(monkeypatch,
         assert not closer.is_alive()
     finally:
         if closer.is_alive():
-            closer.join(10.0)
+            closer.join(NEVER_S)
         n.close()
 
 
@@ -536,7 +536,7 @@ def test_stop_signal_during_startup_ends_everything_cleanly(tiny_qwen3_vl, when,
             time.sleep(2.0)  # paces: the signal's moment, whatever the node is doing then
         elif when.startswith("in the ROS graph"):
             graph = in_ros_graph(name)
-            assert tree.wait_for(graph, 120), node.output[-3000:]
+            assert tree.wait_for(graph, NEVER_S), node.output[-3000:]
         elif when == "engine core started":
             assert tree.wait_for(lambda t: t.spawned(1), 300), node.output[-3000:]
         else:

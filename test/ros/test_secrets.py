@@ -160,7 +160,7 @@ def test_key_goes_only_into_the_authorization_header():
     rclpy.init(context=context)
     seen: list[str] = []
     try:
-        node.wait_ready(60)
+        node.wait_ready(NEVER_S)
         test_node = rclpy.create_node("secrets_io", context=context)
         test_node.create_subscription(ReasoningResult, "/cosmos_reason/results",
                                       lambda m: seen.append(str(m)), 20)
@@ -174,13 +174,13 @@ def test_key_goes_only_into_the_authorization_header():
             image = rgb_image_msg(scene(64, 48), 1)
             for _ in range(3):
                 result = client.run(client.goal("q", source=Reason.Goal.SOURCE_GOAL_IMAGE,
-                                                image=image, max_tokens=2), 30)
+                                                image=image, max_tokens=2), NEVER_S)
                 assert result.error_code is ErrorCode.ENGINE_UNAVAILABLE, result.error_message
                 assert "API key rejected" in result.error_message, result.error_message
                 assert KEY_ENV in result.error_message  # names the variable, not the key
             # The three goals' results and some diagnostics are in (checked for the key below).
             wait_until(lambda: sum("ReasoningResult(" in m for m in list(seen)) >= 3
-                       and sum("DiagnosticArray(" in m for m in list(seen)) >= 3, 30.0,
+                       and sum("DiagnosticArray(" in m for m in list(seen)) >= 3, NEVER_S,
                        "three results and three diagnostics messages")
         executor.shutdown()
         test_node.destroy_node()

@@ -205,7 +205,7 @@ def test_annotated_image_has_the_source_header_and_drawn_boxes(stream):
                                              on_image, 5)
     try:
         # The node draws only while someone subscribes: wait until it sees this subscription.
-        wait_until(lambda: node.node.outputs.annotated.get_subscription_count(), 10.0,
+        wait_until(lambda: node.node.outputs.annotated.get_subscription_count(), NEVER_S,
                    "the node sees the subscription")
         schema = json.dumps({"type": "array", "minItems": 1, "maxItems": 1, "items": {
             "type": "object", "required": ["bbox_2d", "label"], "additionalProperties": False,
