@@ -13,7 +13,13 @@ when it
 * asserts that a duration (a name like ``took``, ``elapsed``, ``duration``, ``late``,
   ``latency``, ``seconds``, ``*_s``) is below a number (a literal or a module-level numeric
   constant), or that time elapsed since a clock read (``time.monotonic() - t0``) is below
-  anything.
+  anything;
+* waits for an outcome (``wait_until``, ``asyncio.wait_for``, an event's ``wait``, a future's
+  ``result``, a thread's ``join``, a process's ``wait`` or ``communicate``, a client's ``run``,
+  ``timeout=``) with a literal bound of 1 to 200 s. This machine has held every process for
+  minutes (docs/RELIABILITY.md, "Machine freezes"): such a bound is a speed claim in disguise.
+  Use ``test/waiting.py``'s ``NEVER_S`` or ``DISCOVERY_S``; a bound that is part of what the
+  test arranges carries a ``# bound: <why>`` comment on its line.
 
 And every test module, the drills' and the benchmarks' too, fails it when it imports vLLM,
 torch or transformers at module level (an import statement or ``pytest.importorskip``):
@@ -42,6 +48,13 @@ EXEMPT_DIRS = ("drills", "bench")
 # is a relapse; fewer means one was fixed: lower the count, and drop the entry at zero).
 PENDING: dict[str, int] = {}
 PACES = re.compile(r"#\s*paces:\s*\S")
+BOUND = re.compile(r"#\s*bound:\s*\S")
+# Calls that wait for an outcome, and the position of their bound when it is positional.
+WAITS = {"wait_until": 1, "async_wait_until": 1, "wait_for": 1, "wait": 0, "result": 0,
+         "join": 0, "communicate": 0, "wait_ready": 0, "wait_for_server": 0,
+         "wait_for_service": 0, "run": 1}
+WAIT_KEYWORDS = ("timeout", "timeout_sec")
+SHORT_WAIT_S = (1.0, 200.0)  # below 1 s: a wait that is meant to run out, not an outcome
 DURATION_NAME = re.compile(r"(took|elapsed|duration|late|latency|seconds|_s)$|^(took|late)_",
                            re.IGNORECASE)
 CLOCKS = {"monotonic", "monotonic_ns", "time", "time_ns", "perf_counter", "perf_counter_ns"}
@@ -122,13 +135,43 @@ def _is_sleep(call: ast.Call) -> bool:
     return not zero
 
 
+def _short_wait_bound(call: ast.Call, negated: bool) -> ast.Constant | None:
+    """Return the literal bound of a wait for an outcome if it is short (``SHORT_WAIT_S``).
+
+    A negated wait (``assert not event.wait(0.5)``) waits for something not to happen, and
+    ``subprocess.run``'s first argument is the command, not a bound.
+    """
+    func = call.func
+    name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+    if negated or name is None:
+        return None
+    bounds = [kw.value for kw in call.keywords if kw.arg in WAIT_KEYWORDS]
+    position = WAITS.get(name)
+    if position is not None and len(call.args) > position:
+        bounds.append(call.args[position])
+    for bound in bounds:
+        if isinstance(bound, ast.Constant) and isinstance(bound.value, (int, float)) \
+                and not isinstance(bound.value, bool) \
+                and SHORT_WAIT_S[0] <= bound.value < SHORT_WAIT_S[1]:
+            return bound
+    return None
+
+
 def check_source(path: Path, source: str) -> list[Finding]:
     """Return the findings in one module's source."""
     tree = ast.parse(source, filename=str(path))
     lines = source.splitlines()
     constants = _numeric_constants(tree)
+    negated = {id(n.operand) for n in ast.walk(tree)
+               if isinstance(n, ast.UnaryOp) and isinstance(n.op, ast.Not)}
     findings = []
     for node in ast.walk(tree):
+        bound = _short_wait_bound(node, id(node) in negated) \
+            if isinstance(node, ast.Call) else None
+        if bound is not None and not BOUND.search(lines[bound.lineno - 1]):
+            findings.append(Finding(path, bound.lineno, f"wait bounded by {bound.value!r} s: "
+                                    "use NEVER_S or DISCOVERY_S (test/waiting.py), or say "
+                                    "'# bound: <why>'"))
         if isinstance(node, ast.Call) and _is_sleep(node):
             end = node.end_lineno or node.lineno
             if not any(PACES.search(lines[i - 1]) for i in range(node.lineno, end + 1)):

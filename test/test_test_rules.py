@@ -69,6 +69,33 @@ def test_a_pacing_sleep_or_a_yield_is_allowed(line):
     assert flagged(f"async def test_t():\n    {line}\n") == []
 
 
+@pytest.mark.parametrize("line", [
+    "assert done.wait(10.0), 'no result'",
+    "result = handle.result(60)",
+    "wait_until(lambda: seen, 30.0, 'a result')",
+    "await asyncio.wait_for(task, 30)",
+    "thread.join(timeout=5)",
+    "proc.communicate(timeout=30)",
+    "result = client.run(goal, 120)",
+    "subprocess.run(['true'], timeout=60)",
+])
+def test_an_outcome_wait_with_a_short_literal_bound_is_flagged(line):
+    [message] = flagged(f"def test_t():\n    {line}\n")
+    assert message.startswith("wait bounded by")
+
+
+@pytest.mark.parametrize("line", [
+    "assert done.wait(NEVER_S)",
+    "assert not stopped.wait(5.0)",  # waits for something not to happen
+    "stop.wait(0.5)",  # under a second: meant to run out
+    "result = handle.result(600)",
+    "threading.Event().wait(3.0)  # bound: the hold itself",
+    "subprocess.run(['sleep', '1'])",
+])
+def test_other_waits_are_not(line):
+    assert flagged(f"def test_t():\n    {line}\n") == []
+
+
 @pytest.mark.parametrize("assertion", [
     "assert took < 2.0",
     "assert took_s <= 5",

@@ -22,6 +22,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+from waiting import NEVER_S
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = {"cosmos_reason_ros": REPO_ROOT / "package.xml",
@@ -82,7 +83,7 @@ def workspace(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str,
                  "ROS_PACKAGE_PATH"):
         env.pop(name, None)
     proc = subprocess.run([_tool("rosdep"), "update"], env=env, capture_output=True, text=True,
-                          timeout=60)
+                          timeout=NEVER_S)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return ws, env
 
@@ -90,7 +91,7 @@ def workspace(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str,
 def _rosdep(workspace: tuple[Path, dict[str, str]], *args: str) -> subprocess.CompletedProcess:
     ws, env = workspace
     return subprocess.run([_tool("rosdep"), *args], cwd=ws, env=env, capture_output=True,
-                          text=True, timeout=60)
+                          text=True, timeout=NEVER_S)
 
 
 def _from_paths(args: list[str]) -> list[str]:
@@ -144,6 +145,6 @@ def test_readme_colcon_paths_find_both_packages_once(workspace) -> None:
         i += 1
     proc = subprocess.run([_tool("colcon"), "--log-base", os.devnull, "list", "--names-only",
                            "--base-paths", *base_paths], cwd=ws, env=env, capture_output=True,
-                          text=True, timeout=60)
+                          text=True, timeout=NEVER_S)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert sorted(proc.stdout.split()) == sorted(PACKAGES)

@@ -35,7 +35,7 @@ def test_running_slots_are_handed_over_in_arrival_order():
     for i in range(2):
         t = threading.Thread(target=waiter, args=(i,))
         t.start()
-        started[i].wait(1.0)
+        started[i].wait(NEVER_S)
         # wait until the waiter is in line before starting the next one
         for _ in range(200):
             if slots._waiting and len(slots._waiting) == i + 1:

@@ -863,7 +863,7 @@ def test_error_body_that_never_ends_is_read_only_in_part() -> None:
         async with FakeServer(endless_error) as fake, engine_for(fake_cfg(fake)) as engine:
             with pytest.raises(BadRequestError, match="temperature must be"):
                 # read_timeout_s (30 s) would end a full read; the capped read ends at once.
-                await asyncio.wait_for(collect(engine, image_request()), 10)
+                await asyncio.wait_for(collect(engine, image_request()), 10)  # bound: not 30
     run(body())
 
 

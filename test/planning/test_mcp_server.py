@@ -164,7 +164,7 @@ def http_status(url: str, headers: dict[str, str]) -> int | None:
         "Content-Type": "application/json", "Accept": "application/json, text/event-stream",
         **headers}, method="POST")
     try:
-        with urllib.request.urlopen(request, timeout=5) as response:
+        with urllib.request.urlopen(request, timeout=5) as response:  # bound: one probe
             return response.status
     except urllib.error.HTTPError as e:
         return e.code

@@ -408,7 +408,7 @@ def test_a_client_held_past_its_delivery_timeout_asks_again_before_giving_up(dea
         def send_then_hold(flight):
             real(flight)
             if flight.goal_requests == 1:
-                threading.Event().wait(3.0)
+                threading.Event().wait(3.0)  # bound: the hold itself, 3 delivery timeouts
 
         monkeypatch.setattr(client, "_send_goal_request", send_then_hold)
         handle = client.submit(client.goal("q"), server_timeout_s=30.0)

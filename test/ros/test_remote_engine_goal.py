@@ -55,7 +55,7 @@ def vllm_python() -> str | None:
         if Path(python).is_file() and subprocess.run(
                 [python, "-c", "import importlib.util as u, sys; "
                  "sys.exit(u.find_spec('vllm') is None)"],
-                env=env, capture_output=True, timeout=60).returncode == 0:
+                env=env, capture_output=True, timeout=60).returncode == 0:  # bound: a probe
             return python
     return None
 
@@ -100,7 +100,8 @@ def server():
                 raise RuntimeError(f"vllm server exited ({proc.returncode}):\n"
                                    + log.read_text()[-4000:])
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health",
+                                            timeout=2) as r:  # bound: a probe
                     return r.status == 200
             except OSError:
                 return False
@@ -115,7 +116,7 @@ def server():
         for sig in (signal.SIGTERM, signal.SIGKILL):
             try:
                 os.killpg(proc.pid, sig)
-                proc.wait(timeout=20)
+                proc.wait(timeout=20)  # bound: then SIGKILL
             except (ProcessLookupError, subprocess.TimeoutExpired):
                 pass
 
