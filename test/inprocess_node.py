@@ -406,7 +406,7 @@ class ServedNode:
             return self.proc.wait(timeout_s)
         except subprocess.TimeoutExpired:
             os.killpg(self.proc.pid, signal.SIGKILL)
-            return self.proc.wait(5.0)
+            return self.proc.wait(NEVER_S)
 
 
 if __name__ == "__main__":  # ServedNode's child: serve until stdin closes

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 from doc_blocks import doc_blocks
-from waiting import FREEZE_S
+from waiting import FREEZE_S, NEVER_S
 
 from cosmos_reason_ros.ros import process_life
 
@@ -154,7 +154,7 @@ class NodeProcess:
                 # The reader thread takes the pipe's last lines after the exit: a CI run read
                 # an empty output right after wait() returned. (Bounded: a surviving child
                 # holding the pipe open keeps EOF away.)
-                self._cond.wait_for(lambda: self._eof, 5.0)
+                self._cond.wait_for(lambda: self._eof, NEVER_S)
             return "\n".join(self.lines)
 
     def wait_for_line(self, needle: str, timeout_s: float) -> bool:
@@ -193,7 +193,7 @@ class NodeProcess:
         except ProcessLookupError:
             pass
         try:
-            self.proc.wait(5)
+            self.proc.wait(NEVER_S)
         except subprocess.TimeoutExpired:
             return None
         return self.proc.returncode

@@ -47,7 +47,7 @@ def patrol_until_a_pose(poses: list, publish_frame: Callable[[], None], period_s
         wait_until(lambda: poses or proc.poll() is not None, NEVER_S, "an obstacle pose")
         assert proc.poll() is None, proc.communicate()
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=60)
+        out, err = proc.communicate(timeout=NEVER_S)
     finally:
         stop.set()
         thread.join()

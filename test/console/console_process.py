@@ -10,6 +10,7 @@ import sys
 import threading
 
 from node_process import REPO_ROOT, ProcessTree
+from waiting import NEVER_S
 
 
 class ConsoleProcess:
@@ -48,6 +49,6 @@ class ConsoleProcess:
                 return self.proc.wait(timeout_s)
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(5.0)
+                self.proc.wait(NEVER_S)
                 return None
         return self.proc.returncode
