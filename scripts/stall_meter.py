@@ -70,6 +70,10 @@ def measure(log_path: str) -> None:
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
+    # Ends with what started it: a run killed with SIGKILL leaves no meter behind.
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() == 1:  # the parent died before prctl took effect
+        stop.set()
     stop.wait()
     for pid in children:
         os.kill(pid, signal.SIGKILL)
