@@ -66,7 +66,6 @@ SETTLE_S = 20.0
 # went unanswered, once the client saw no feedback for a minute while its goals ran.
 CTRL_C_ATTEMPTS = 3
 GRACE_S = NEVER_S  # no descendant may be alive this long after the node ended: never
-EXIT_BOUND_S = 15.0  # signal to exit, on a loaded 2-core machine (measured: RELIABILITY.md)
 
 
 # --- fast tier ---------------------------------------------------------------------------------
@@ -411,8 +410,12 @@ def _ctrl_c_while_serving(model) -> bool:
                           Feedback.STAGE_QUEUED, settle_s=SETTLE_S)  # both slots taken: it waits
         handles = {"waiting": waiting, "generating": generating, "queued": queued}
         # What is proven is that a stop ends every goal the client knows accepted with its
-        # result. A goal the client has not yet seen accepted (its response and status not
-        # through to a fresh participant on a loaded machine) is not that case: run again.
+        # result. The client learns each acceptance however late a loaded machine lets it
+        # through (a CI run's queued goal took over 100 s); a goal that ended meanwhile (the
+        # long one, when that wait outlasted its answer) is not that case: run again.
+        wait_until(lambda: all(h.future.done() or (h.delivery() and h.delivery().accepted)
+                               for h in handles.values()), NEVER_S,
+                   "the client's view of the three goals' acceptance")
         deliveries = {name: h.delivery() for name, h in handles.items()}
         unconfirmed = {name: d and d.summary() for name, d in deliveries.items()
                        if handles[name].future.done() or not (d and d.accepted)}
@@ -424,8 +427,7 @@ def _ctrl_c_while_serving(model) -> bool:
         ended = {}
         for name, handle in handles.items():
             try:
-                ended[name] = (handle.result(max(0.0, t_signal + EXIT_BOUND_S
-                                                 - time.monotonic())),
+                ended[name] = (handle.result(max(0.0, t_signal + NEVER_S - time.monotonic())),
                                time.monotonic() - t_signal)
             except TimeoutError:
                 pass
@@ -443,7 +445,7 @@ def _ctrl_c_while_serving(model) -> bool:
         # A result that never came is the defect this test exists for: say which, and what
         # the node did at the stop (its exit code and its last lines).
         assert len(ended) == len(handles), (
-            f"no result {EXIT_BOUND_S} s after SIGINT for "
+            f"no result {NEVER_S} s after SIGINT for "
             f"{sorted(set(handles) - set(ended))}; node exited {code} after {exit_s:.2f} s:\n"
             + "\n".join(node.output.splitlines()[-40:]))
         # The queued goal may take a slot freed by the others before it sees the stop, and
@@ -457,7 +459,7 @@ def _ctrl_c_while_serving(model) -> bool:
                                                           ErrorCode.ENGINE_UNAVAILABLE)
             assert result.error_message.startswith(f"node shutting down {where[name]}")
         ids = {r.message.goal_id for r, _ in ended.values()}
-        published = io.published(ids, 5.0)
+        published = io.published(ids, NEVER_S)
         assert set(published) == ids, "not every aborted goal was on ~/results"
         assert all(m.error_code == ErrorCode.ENGINE_UNAVAILABLE for m in published.values())
         assert code == 0, node.output[-3000:]
