@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 
 rclpy = pytest.importorskip("rclpy", reason="needs the ROS 2 wheels (make setup)")
-from fake_engine import Script, answers_the_task  # noqa: E402
+from fake_engine import Gate, Script, answers_the_task  # noqa: E402
 from inprocess_node import InProcessNode, ServedNode  # noqa: E402
 from node_process import (  # noqa: E402
     REPO_ROOT,
@@ -37,7 +37,7 @@ from node_process import (  # noqa: E402
     rgb_image_msg,
     scene,
 )
-from waiting import NEVER_S  # noqa: E402
+from waiting import NEVER_S, wait_until  # noqa: E402
 
 from cosmos_reason_interfaces.action import Reason  # noqa: E402
 from cosmos_reason_ros.client import (  # noqa: E402
@@ -428,11 +428,16 @@ def test_a_feedback_callback_that_raises_loses_no_goal(node):
         calls.append(feedback)
         raise ValueError("the caller's bug")
 
+    # Held generating until the callback has run: a goal that ended first may have its result
+    # reach the client before any feedback (a CI run saw no callback at all).
+    gate = Gate()
+    node.engine.script = lambda request: Script(gate=gate)
     with ReasonClient() as client:
         first = client.submit(client.goal("What is here?", feedback=Goal.FEEDBACK_STAGES), broken)
+        wait_until(lambda: calls, NEVER_S, "the feedback callback")  # it ran, and raised
+        gate.release()
         assert first.result(NEVER_S).ok  # its own result still comes
         assert client.ask("And now?", timeout_s=NEVER_S).ok  # the client still serves goals
-    assert calls  # the callback ran (and raised) on the client's spin thread
 
 
 def test_a_lost_goal_request_is_sent_again_with_the_same_id(node, monkeypatch):
