@@ -104,9 +104,9 @@ def held_s(log_path: str, start: float, end: float) -> float:
     """
     spans = []
     try:
-        with open(log_path) as f:
-            for line in f:
-                fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
+        with open(log_path) as log:
+            for line in log:
+                fields = dict(word.split("=", 1) for word in line.split() if "=" in word)
                 if "at" in fields and "late_s" in fields:
                     at = float(fields["at"])
                     spans.append((max(start, at - float(fields["late_s"])), min(end, at)))
