@@ -80,20 +80,30 @@ def measure(log_path: str) -> None:
         os.waitpid(pid, 0)
 
 
+def _wakes(log_path: str) -> list[dict[str, str]]:
+    """Each late wake in ``log_path``: time of day, ``cpu``, ``late_s`` and (if written) ``at``.
+
+    Raises FileNotFoundError when there is no log.
+    """
+    with open(log_path) as log:
+        return [{"time": line.split()[0],
+                 **dict(word.split("=", 1) for word in line.split()[1:] if "=" in word)}
+                for line in log if "late_s=" in line]
+
+
 def summary(log_path: str) -> str:
     """One line: how many late wakes ``log_path`` holds and the longest ones."""
     try:
-        with open(log_path) as f:
-            lines = [ln.split() for ln in f if "late_s=" in ln]
+        wakes = _wakes(log_path)
     except FileNotFoundError:
         return "stall meter: no log"
-    events = [(float(f[2].split("=")[1]), f[0], f[1]) for f in lines]
+    events = [(float(w["late_s"]), w["time"], w["cpu"]) for w in wakes]
     if not events:
         return f"stall meter: no process was held more than {THRESHOLD_S:g} s"
     worst = sorted(events, reverse=True)[:SHOWN]
     return (f"stall meter: {len(events)} wakes more than {THRESHOLD_S:g} s late, "
             f"{sum(e[0] >= 10 for e in events)} of them 10 s or more; the longest: "
-            + ", ".join(f"{late:.1f} s at {at} ({cpu})" for late, at, cpu in worst))
+            + ", ".join(f"{late:.1f} s at {at} (cpu={cpu})" for late, at, cpu in worst))
 
 
 def held_s(log_path: str, start: float, end: float) -> float:
@@ -102,14 +112,9 @@ def held_s(log_path: str, start: float, end: float) -> float:
     The union over CPUs: a process whose thread sits on a frozen CPU is held however free the
     other one is. Freezes logged before ``at=`` was written (no wall-clock time) count nothing.
     """
-    spans = []
     try:
-        with open(log_path) as log:
-            for line in log:
-                fields = dict(word.split("=", 1) for word in line.split() if "=" in word)
-                if "at" in fields and "late_s" in fields:
-                    at = float(fields["at"])
-                    spans.append((max(start, at - float(fields["late_s"])), min(end, at)))
+        spans = [(max(start, float(w["at"]) - float(w["late_s"])), min(end, float(w["at"])))
+                 for w in _wakes(log_path) if "at" in w]
     except FileNotFoundError:
         return 0.0
     held, reached = 0.0, start

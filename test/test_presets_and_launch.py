@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 import yaml
+from repo_scripts import load_script
 
 from cosmos_reason_ros.config import (
     PARAMS,
@@ -403,22 +404,14 @@ def test_setup_installs_every_launch_file_and_preset() -> None:
 
 # --- docs ----------------------------------------------------------------------------------
 
-def _load_script(name: str) -> types.ModuleType:
-    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_parameters_doc_is_current() -> None:
-    gen = _load_script("gen_params_doc")
+    gen = load_script("gen_params_doc")
     current = (REPO / "docs" / "PARAMETERS.md").read_text(encoding="utf-8")
     assert current == gen.render(), "docs/PARAMETERS.md is stale: python scripts/gen_params.py"
 
 
 def test_parameters_doc_lists_every_parameter_with_its_default() -> None:
-    gen = _load_script("gen_params_doc")
+    gen = load_script("gen_params_doc")
     rows = {}
     for line in (REPO / "docs" / "PARAMETERS.md").read_text(encoding="utf-8").splitlines():
         match = re.match(r"\| `([a-z_]+\.[a-z_0-9]+)` \| ([^|]+) \| `(.*?)` \|", line)

@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
+from repo_scripts import load_script
 
-_spec = importlib.util.spec_from_file_location(
-    "stall_meter", Path(__file__).resolve().parent.parent / "scripts" / "stall_meter.py")
-stall_meter = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(stall_meter)
+stall_meter = load_script("stall_meter")
 
 
 def test_the_summary_lists_the_longest_freezes_first(tmp_path):

@@ -4,21 +4,15 @@ report (test/drill_report.py)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 from drill_report import Figure, Report
+from repo_scripts import REPO, load_script
 
-REPO = Path(__file__).resolve().parent.parent
-_spec = importlib.util.spec_from_file_location("check_test_timing",
-                                               REPO / "scripts" / "check_test_timing.py")
-check_test_timing = importlib.util.module_from_spec(_spec)
-sys.modules["check_test_timing"] = check_test_timing  # dataclasses look their module up
-_spec.loader.exec_module(check_test_timing)
+check_test_timing = load_script("check_test_timing")
 
 
 def flagged(source: str) -> list[str]:

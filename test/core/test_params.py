@@ -9,27 +9,16 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-import importlib.util
-import types
 from pathlib import Path
 
 import pytest
+from repo_scripts import load_script
 
 from cosmos_reason_ros.config import PARAMS, PARAMS_BY_NAME, ConfigError, validate
 from cosmos_reason_ros.core import params as params_module
 from cosmos_reason_ros.core.params import NAMES, SECTIONS, NodeParams
 
-REPO = Path(__file__).resolve().parents[2]
 HUB_MODEL = "nvidia/Cosmos-Reason2-2B"  # a vllm model value that needs no files
-
-
-def _generator() -> types.ModuleType:
-    path = REPO / "scripts" / "gen_params.py"
-    spec = importlib.util.spec_from_file_location("gen_params", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def defaults() -> NodeParams:
@@ -38,7 +27,7 @@ def defaults() -> NodeParams:
 
 def test_generated_module_is_current_with_the_table() -> None:
     current = Path(params_module.__file__).read_text(encoding="utf-8")
-    assert current == _generator().render(), \
+    assert current == load_script("gen_params").render(), \
         "cosmos_reason_ros/core/params.py is stale: python scripts/gen_params.py"
 
 

@@ -9,7 +9,6 @@ froze (scripts/stall_meter.py runs beside the drills) is credited against that b
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -18,14 +17,12 @@ from pathlib import Path
 
 import pytest
 from drill_report import Figure, Report
+from repo_scripts import load_script
 
 HERE = Path(__file__).resolve().parent
 REPORT_DIR = Path(os.environ.get("COSMOS_DRILLS_REPORT_DIR",
                                  HERE.parent.parent / "build" / "drills"))
-STALL_METER = HERE.parent.parent / "scripts" / "stall_meter.py"
-_spec = importlib.util.spec_from_file_location("stall_meter", STALL_METER)
-stall_meter = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(stall_meter)
+stall_meter = load_script("stall_meter")
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects: the mark must be there by then
@@ -49,7 +46,7 @@ def drill_report() -> Iterator[Report]:
 def freezes_log(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """The log of a stall meter that runs while the drills do."""
     log = tmp_path_factory.mktemp("stalls") / "stalls.log"
-    meter = subprocess.Popen([sys.executable, str(STALL_METER), str(log)])
+    meter = subprocess.Popen([sys.executable, stall_meter.__file__, str(log)])
     yield log
     meter.terminate()  # its watchers die with it (PR_SET_PDEATHSIG)
     meter.wait(timeout=30)
