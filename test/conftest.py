@@ -147,6 +147,31 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
             _FAST_TEST.clear()
 
 
+_CPU_AT_SETUP = pytest.StashKey[float]()
+
+
+def _cpu_s() -> float:
+    """CPU seconds of this process and of every descendant it (or they) waited for."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> Any:
+    item.stash[_CPU_AT_SETUP] = _cpu_s()
+    yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Any:
+    """Each test's CPU, its fixtures' included, as the junit property ``cpu_s``: on CI's 2
+    cores, busy throughout, CPU is what a test costs in wall time (.ci/run lists the costliest).
+    """
+    if call.when == "teardown" and _CPU_AT_SETUP in item.stash:
+        item.user_properties.append(("cpu_s", round(_cpu_s() - item.stash[_CPU_AT_SETUP], 1)))
+    yield
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Remove Fast DDS shared-memory files that killed processes leave behind."""
     try:
