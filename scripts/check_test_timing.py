@@ -52,7 +52,7 @@ BOUND = re.compile(r"#\s*bound:\s*\S")
 # Calls that wait for an outcome, and the position of their bound when it is positional.
 WAITS = {"wait_until": 1, "async_wait_until": 1, "wait_for": 1, "wait": 0, "result": 0,
          "join": 0, "communicate": 0, "wait_ready": 0, "wait_for_server": 0,
-         "wait_for_service": 0, "run": 1}
+         "wait_for_service": 0, "run": 1, "stop": 0, "stop_cleanly": 0}
 WAIT_KEYWORDS = ("timeout", "timeout_sec")
 SHORT_WAIT_S = (1.0, 200.0)  # below 1 s: a wait that is meant to run out, not an outcome
 DURATION_NAME = re.compile(r"(took|elapsed|duration|late|latency|seconds|_s)$|^(took|late)_",
@@ -145,8 +145,11 @@ def _short_wait_bound(call: ast.Call, negated: bool) -> ast.Constant | None:
     name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
     if negated or name is None:
         return None
-    bounds = [kw.value for kw in call.keywords if kw.arg in WAIT_KEYWORDS]
     position = WAITS.get(name)
+    # ``timeout_s``: the tests' own helpers' bound (``node.wait_ready(timeout_s=120)``); not on
+    # every call, where it is a goal's or a behaviour's time limit, a value under test.
+    keywords = WAIT_KEYWORDS + ("timeout_s",) if position is not None else WAIT_KEYWORDS
+    bounds = [kw.value for kw in call.keywords if kw.arg in keywords]
     if position is not None and len(call.args) > position:
         bounds.append(call.args[position])
     for bound in bounds:

@@ -398,7 +398,7 @@ class ServedNode:
             self.stop()
             raise RuntimeError("served node did not start:\n" + "\n".join(self.lines[-40:]))
 
-    def stop(self, timeout_s: float = 20.0) -> int | None:
+    def stop(self, timeout_s: float = NEVER_S) -> int | None:
         """Close its stdin (it shuts down cleanly); kill its group if it does not exit."""
         try:
             assert self.proc.stdin is not None

@@ -175,13 +175,17 @@ class NodeProcess:
             self.stop()
             raise RuntimeError(f"node not ready within {timeout_s} s:\n{self.output[-4000:]}")
 
-    def stop_cleanly(self, timeout_s: float = 10.0) -> None:
+    def stop_cleanly(self, timeout_s: float = NEVER_S) -> None:
         """Stop the node; fail with the end of its output unless it exited with code 0."""
         code = self.stop(timeout_s)
         assert code == 0, f"node exited with {code}:\n{self.output[-3000:]}"
 
-    def stop(self, timeout_s: float = 10.0) -> int | None:
-        """SIGTERM, wait, then SIGKILL the group; return the exit code (None if killed)."""
+    def stop(self, timeout_s: float = NEVER_S) -> int | None:
+        """SIGTERM, wait, then SIGKILL the group; return the exit code (None if killed).
+
+        A node that exits cleanly does so however long a frozen machine holds it: the bound
+        says "never", not "too slow" (callers assert the exit code).
+        """
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:

@@ -72,6 +72,7 @@ def test_a_pacing_sleep_or_a_yield_is_allowed(line):
     "proc.communicate(timeout=30)",
     "result = client.run(goal, 120)",
     "subprocess.run(['true'], timeout=60)",
+    "node.wait_ready(timeout_s=120)",  # the tests' helpers name their bound timeout_s
 ])
 def test_an_outcome_wait_with_a_short_literal_bound_is_flagged(line):
     [message] = flagged(f"def test_t():\n    {line}\n")
@@ -85,6 +86,7 @@ def test_an_outcome_wait_with_a_short_literal_bound_is_flagged(line):
     "result = handle.result(600)",
     "threading.Event().wait(3.0)  # bound: the hold itself",
     "subprocess.run(['sleep', '1'])",
+    "goal = client.goal('q', timeout_s=30.0)",  # a goal's time limit: a value under test
 ])
 def test_other_waits_are_not(line):
     assert flagged(f"def test_t():\n    {line}\n") == []

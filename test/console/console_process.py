@@ -37,11 +37,11 @@ class ConsoleProcess:
             found.set()
 
         threading.Thread(target=read, daemon=True).start()
-        if not found.wait(60.0) or not self.url:
+        if not found.wait(NEVER_S) or not self.url:
             self.stop()
             raise RuntimeError("console did not start:\n" + "\n".join(self.lines[-40:]))
 
-    def stop(self, signum: int = signal.SIGTERM, timeout_s: float = 15.0) -> int | None:
+    def stop(self, signum: int = signal.SIGTERM, timeout_s: float = NEVER_S) -> int | None:
         """Signal it; wait; kill the group as a last resort. Return the exit code."""
         if self.proc.poll() is None:
             self.proc.send_signal(signum)

@@ -78,7 +78,7 @@ def node(tiny_qwen3_vl):
                        remaps=[f"image:={demo_recording.IMAGE_TOPIC}"])
     proc.wait_ready()
     yield proc
-    proc.stop_cleanly(timeout_s=30.0)
+    proc.stop_cleanly()
 
 
 def run_main(*args):

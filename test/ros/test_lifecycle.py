@@ -195,7 +195,7 @@ def test_node_under_a_manager_walks_the_lifecycle_with_the_real_engine(tiny_qwen
     finally:
         client.close()
         side.close()
-        code = proc.stop(30.0)
+        code = proc.stop()
     assert code == 0, proc.output[-3000:]
 
 

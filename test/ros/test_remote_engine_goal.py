@@ -126,7 +126,7 @@ def test_goal_on_a_real_server_succeeds_from_a_node_without_vllm(server: str) ->
                                          "image.wait_s": 5.0})
     side = client = None
     try:
-        node.wait_ready(timeout_s=120)
+        node.wait_ready()
         side = SpunNode("remote_goal_camera")
         camera = side.node.create_publisher(Image, "/image", 10)
         client = ReasonClient()
